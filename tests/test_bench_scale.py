@@ -76,6 +76,9 @@ def test_bench_scale_finds_the_fault_it_injects(store, fault, device, writers):
     assert rate == 64 * (25 * (3 if device else 2) + 2)  # (a begin, an end, a done; a heartbeat, a sample)
     read = int(re.search(r"console: read ([\d,]+) events of 64 ranks", out).group(1).replace(",", ""))
     assert written > 0 and read >= written  # every event written was read (and the writers' meta lines)
+    # each writer process's keeper of keyframes (its streams hold past 32 KiB in a quick run)
+    kept = re.search(r"their keepers of keyframes' (\d+)%\s+\((\d+) process\(es\) at the lowest priority", out)
+    assert kept and int(kept.group(2)) == writers, out
     nodes = re.findall(r"127\.0\.0\.1:\d+ +([\d,]+): appends ([\d,]+), reads ([\d,]+)", out)
     if store.startswith("redis"):  # each master's requests, Redis's own count: the job's streams over all three
         assert len(nodes) == (3 if store == "redis-cluster" else 1), out

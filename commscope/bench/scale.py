@@ -369,11 +369,16 @@ def write_share(w: int, _ws: int, plan: Plan, writers: int) -> dict[str, Any]:
                 lines_out += len(lines)
                 pending[i] = []
         time.sleep(max(0.0, every - (time.time_ns() - now) / S))
+    # (their keepers of keyframes: children at the lowest priority, one a process and store,
+    # whose CPU is not the writers'; looked at before they end, as their streams close)
+    keepers = {id(k): k for o in outs if (k := getattr(o, "_keeper", None)) is not None}
+    keeper_cpu = sum(k.cpu_s() for k in keepers.values())
     for o in outs:
         o.close()
     with open(os.path.join(plan.sync, f"{CLOSED}{w}"), "w"):
         pass
     return {"events": events, "before": before, "lines": lines_out, "cpu_s": time.process_time() - cpu0,
+            "keepers": len(keepers), "keeper_cpu_s": keeper_cpu,
             "op_bytes": op_bytes, "beat_bytes": beat_bytes,
             "ranks": int(mine.shape[0]), "wall_s": (time.time_ns() - plan.t_start) / S, "every": every}
 
@@ -1235,8 +1240,12 @@ def _report(args: argparse.Namespace, plan: Plan, seconds: float, wrote: list[di
     heat = median(seen.heat_frames) if seen.heat_frames else float("nan")
     found = seen.found_s
     limit = plan.hang_after + 5.0
+    wall = max(x["wall_s"] for x in wrote)
+    keepers = sum(x["keepers"] for x in wrote)
+    kept = (f"; their keepers of keyframes' {sum(x['keeper_cpu_s'] for x in wrote) / wall * 100:.0f}%\n"
+            f"    ({keepers} process(es) at the lowest priority: a rank of a real job has its own)" if keepers else "")
     print(f"  written: {events:,} events; {rate:,.0f} events/s before the fault (the job's: {want:,.0f});\n"
-          f"    writers' CPU {writer_cpu / max(x['wall_s'] for x in wrote) * 100:.0f}% of a core")
+          f"    writers' CPU {writer_cpu / wall * 100:.0f}% of a core{kept}")
     if loads:
         _report_loads(loads, max(x["every"] for x in wrote), plan.store)
     read = seen.read_process_cpu_s

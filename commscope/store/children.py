@@ -133,6 +133,20 @@ class Keeper:
             except OSError:
                 self._child = None  # (died: started again, once)
 
+    def cpu_s(self) -> float:
+        """CPU seconds its child has used so far (0 where none runs; a child started again
+        counts from its start)."""
+        import psutil
+
+        child = self._child
+        if child is None:
+            return 0.0
+        try:
+            t = psutil.Process(child.pid).cpu_times()
+        except psutil.Error:
+            return 0.0
+        return t.user + t.system
+
     def done(self, stream: Stream) -> None:
         """``stream``'s writer closed; the last one done ends the child (its commands end)."""
         with self._lock:
