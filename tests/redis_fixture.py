@@ -75,16 +75,40 @@ def redis_client(url: str):
     return redis.Redis(host=t.host, port=t.port, db=t.db, password=t.password, protocol=2, **_tls_kwargs(t))
 
 
+def _no_keeper_left() -> None:
+    """No keeper of Redis keyframes (``store/redis_keeper.py``) of this process left after a
+    test, nor cached for a later one (``children.Keeper.of``).  Those of the test's closed
+    writers end by themselves, but at the lowest priority on busy cores seconds later (one
+    still connected was counted as another test's client); those of writers a test left
+    open would run until the process ends, and could take keyframes in a database a later
+    test is given again."""
+    import psutil
+
+    from commscope.store import children
+
+    for p in psutil.Process().children():
+        try:
+            if "commscope.store.redis_keeper" in " ".join(p.cmdline()):
+                p.kill()
+                p.wait(60)
+        except (psutil.Error, ChildProcessError):
+            pass
+    for key in [k for k in children.Keeper._of if k[1] == "commscope.store.redis_keeper"]:
+        del children.Keeper._of[key]
+
+
 @pytest.fixture
-def redis_url(redis_server) -> str:
-    """``redis://127.0.0.1:PORT/N`` on a freshly flushed database N."""
+def redis_url(redis_server):
+    """``redis://127.0.0.1:PORT/N`` on a freshly flushed database N; no keeper of the test's
+    writers left after it."""
     assert redis_server.running, "the session's redis-server died"
     db = next(_db_numbers)
     url = f"redis://127.0.0.1:{redis_server.port}/{db}"
     client = redis_client(url)
     client.flushdb()
     client.close()
-    return url
+    yield url
+    _no_keeper_left()
 
 
 @pytest.fixture(scope="session")
@@ -105,10 +129,11 @@ def cluster_client(url: str):
 
 
 @pytest.fixture
-def redis_cluster_url(redis_cluster) -> str:
-    """``redis://127.0.0.1:PORT/0`` on the session's cluster, every master flushed."""
-
-    return _flushed(redis_cluster)
+def redis_cluster_url(redis_cluster):
+    """``redis://127.0.0.1:PORT/0`` on the session's cluster, every master flushed; no keeper
+    of the test's writers left after it."""
+    yield _flushed(redis_cluster)
+    _no_keeper_left()
 
 
 def _flushed(cluster: RedisCluster) -> str:
