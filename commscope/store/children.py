@@ -1,6 +1,6 @@
 """How a writer starts the children that work beside it (the closer of a segment,
 ``store/retention.py``; the keeper of a directory's keyframes, ``store/keyframes.py``; the
-keeper of a Redis job's keyframes, ``store/redis_marks.py``): at the lowest priority, apart
+keeper of a Redis job's keyframes, ``store/redis_keeper.py``): at the lowest priority, apart
 from the rank's session, so the rank never waits on them."""
 
 from __future__ import annotations
