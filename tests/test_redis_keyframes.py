@@ -262,14 +262,19 @@ def test_a_stream_that_grew_by_less_than_min_bytes_gets_no_keyframe(redis_url):
         w.close()
 
 
-def test_a_keeper_whose_keyframe_redis_lost_starts_its_chain_again_from_the_store(redis_url):
+@pytest.mark.parametrize("lost, frame_lost", [(range(150, 223), True), (range(203, 223), False),
+                                              (range(103, 223), True)])
+def test_a_keeper_whose_stream_redis_lost_the_tail_of_goes_on_exact(redis_url, lost, frame_lost):
     """Redis loses a stream's tail (a failover to a replica behind, a restart from an older
-    save: here the newest entries and keyframe deleted), the keyframe the keeper kept among
-    it.  The writer states the loss and restates only the ops whose begins went with it; op 7
-    began at entry 2, which Redis still holds.  Going on from its kept keyframe, the keeper's
-    next one was inexact and lacked op 7, and a window starting there lost the hang (helper-155).
-    It now finds its keyframe gone (``Gone``) and starts again at the store's newest keyframe:
-    exact, op 7 in flight, as a full read says."""
+    save: here the newest entries deleted, and the newest keyframe with them or not).  The
+    writer states the loss and restates only the ops whose begins went with it; op 7 began at
+    entry 2, which Redis still holds.  Going on from its kept keyframe, lost with the tail,
+    the keeper's next one was inexact and lacked op 7, and a window starting there lost the
+    hang (helper-155); it now finds its keyframe gone (``Gone``) and starts again at the
+    store's newest keyframe.  Where that keyframe's entry is the tail's last one left (kept,
+    or found again), the gap after it was taken for entries trimmed, and op 7 dropped the
+    same way (helper-156); a gap the writer stated now keeps what the keyframe says.  Either
+    way: exact, op 7 in flight, as a full read says."""
     w = RedisWriter(redis_url, "job", 0, {"world_size": 1}, marks="inline", mark_every_s=1e9, frames=False)
     w.write([meta(), begin(7, 1)])  # (entries 1, 2)
     beats = Beats(w)
@@ -285,8 +290,9 @@ def test_a_keeper_whose_keyframe_redis_lost_starts_its_chain_again_from_the_stor
         assert [m.entry for m in frames_of(redis_url, "job")] == [102, 202]
         beats.write(20)  # (223..: not keyframed yet)
         key, frames = Keys.stream("job", 0), Keys.frames("job", 0)
-        client.xdel(key, *[f"0-{e}" for e in range(150, 223)])
-        client.xdel(frames, client.xrevrange(frames, "+", "-", count=1)[0][0])
+        client.xdel(key, *[f"0-{e}" for e in lost])
+        if frame_lost:
+            client.xdel(frames, client.xrevrange(frames, "+", "-", count=1)[0][0])
         beats.write(150)  # (the writer finds the loss: a store_lost marker, its meta, what it restates)
         redis_marks.frame(nodes, f)
         got = redis_marks.newest(nodes, frames)
@@ -300,7 +306,7 @@ def test_a_keeper_whose_keyframe_redis_lost_starts_its_chain_again_from_the_stor
     full, _, _ = load_trace(redis_url)
     part, pr, _ = load_trace(redis_url, since=Since(ago_s=60))
     assert len(part.inflight(0)) == len(full.inflight(0)) == 1
-    assert not any("trimmed by maxlen" in x for x in pr.stats.warnings)
+    assert not any("trimmed by maxlen" in x for x in pr.stats.warnings), pr.stats.warnings
 
 
 def test_a_keeper_refused_by_redis_goes_on_once_it_takes_writes_again(redis_url, redis_server):
@@ -395,3 +401,27 @@ def _alive(proc) -> bool:
         return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+def test_a_keyframe_checked_reads_every_page_after_its_base(redis_url, monkeypatch):
+    """The page that reads a kept keyframe's own entry (``check``) is a full page before its
+    first entry is set aside: the step goes on to the next page, to the stream's top (it
+    stopped one entry short of a page, and a stream growing faster never caught up:
+    helper-156)."""
+    monkeypatch.setattr(redis_marks, "PAGE", 5)
+    w = RedisWriter(redis_url, "job", 0, {"world_size": 1}, marks="off")
+    w.write([meta()])
+    beats = Beats(w)
+    beats.write(100)
+    nodes = Nodes(parse_url(redis_url), "test")
+    nodes.connect()
+    try:
+        key = Keys.stream("job", 0).encode()
+        base = redis_marks.following(nodes, key, None, 0)
+        beats.write(100)
+        got = redis_marks.following(nodes, key, base, 0, check=True)
+    finally:
+        nodes.close()
+        w.close()
+    assert base is not None and base.entry == 101 and base.exact
+    assert got is not None and got.entry == 201 and got.exact

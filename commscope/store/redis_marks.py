@@ -49,7 +49,7 @@ from typing import NamedTuple
 import orjson
 
 from commscope.store import inflight, keyframes
-from commscope.store.base import Stream
+from commscope.store.base import Stream, is_store_lost
 from commscope.store.cluster import Nodes
 from commscope.store.redis_keys import Keys, entry_number
 from commscope.store.redis_url import parse_url
@@ -171,12 +171,11 @@ def following(nodes: Nodes, stream: bytes, last: Mark | None, rank: int, least: 
         lo = (after if check else after + 1) if first < 0 else top + 1
         got = nodes.run(stream, pack("XRANGE", stream, b"0-%d" % lo, "+", "COUNT",
                                      min(PAGE, MAX_ENTRIES - len(values))), Connection.read_entries)
+        paged = len(got)  # (a page as asked: a full one may have more after it)
         if first < 0 and check:
             if not got or entry_number(got[0][0]) != after:
                 raise Gone(f"entry {after} of {stream!r}")
             got = got[1:]
-            if not got:
-                break
         if not got:
             break
         if first < 0:
@@ -184,16 +183,22 @@ def following(nodes: Nodes, stream: bytes, last: Mark | None, rank: int, least: 
         top = entry_number(got[-1][0])
         values.extend(v or b"" for _, v in got)
         size += sum(len(v or b"") for _, v in got)
-        if len(got) < PAGE:
+        if paged < PAGE:
             break
     if not values or top <= after or size < least:
         return None
-    # (entries trimmed before this mark reached them: start again from the first one left, inexact)
-    whole = (last is None or last.exact) and first == after + 1
+    # A gap after ``last``: entries trimmed before this mark reached them (start again from
+    # the first one left, what the rank was in not known: inexact), or lost by Redis after
+    # ``last``, whose entry it still holds (``check``: trimming takes the oldest first) or
+    # whose writer stated the loss (its marker first, then what the lost entries had begun):
+    # what ``last`` says still holds, exact where the writer stated it.
+    gap = first != after + 1
+    stated = gap and is_store_lost(values[0])
+    whole = (last is None or last.exact) and (not gap or stated)
     if last is None:
         before = b""
     else:
-        before = last.carry if first == after + 1 else _keep_state(last.carry)
+        before = last.carry if not gap or stated or check else _keep_state(last.carry)
     carry = inflight.replay(before, b"\n".join(values) + b"\n", rank).carry(with_meta=True)
     # (rounded up: every entry up to the mark is from at or before its ms)
     ms = max(-(-max(map(entry_ns, values)) // 1_000_000), last.ms if last is not None else 0)
