@@ -17,6 +17,7 @@ import orjson
 import psutil
 import pytest
 from redis_fixture import *  # noqa: F403
+from test_keyframes import _alive
 
 from commscope.analysis.diagnose import default_hang_after, diagnose, trace_now
 from commscope.analysis.source import load_trace, open_source
@@ -394,13 +395,6 @@ def test_a_keeper_ends_when_its_writing_process_is_killed(redis_url, every_02):
         assert time.monotonic() < deadline, "never: the keeper ended"
         time.sleep(0.05)
 
-
-def _alive(proc) -> bool:
-    """Running, and not a zombie (ended, not yet reaped by whoever adopted it)."""
-    try:
-        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 def test_a_keyframe_checked_reads_every_page_after_its_base(redis_url, monkeypatch):
