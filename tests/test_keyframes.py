@@ -468,7 +468,10 @@ def test_a_keeper_ends_when_its_writing_process_is_killed(tmp_path):
         assert proc.stdout is not None
         pid = int(proc.stdout.readline())
         keeper = psutil.Process(pid)
-        assert keeper.is_running() and "commscope.store.keyframes" in " ".join(keeper.cmdline())
+        deadline = time.monotonic() + 60  # (just started, through ``nice``, it can read empty)
+        while "commscope.store.keyframes" not in " ".join(keeper.cmdline()):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait(60)
