@@ -1144,7 +1144,8 @@ def node_load(node: str, before: dict[str, int], after: dict[str, int], seconds:
 
 def frames_by_node(store: str, job: str, ranks: int) -> dict[str, int]:
     """The keyframes each node holds of ``job``'s streams (``Keys.frames``), by "host:port":
-    a run's are all it took (fewer than a stream keeps)."""
+    all a run took where it ran less than the ~17 minutes a stream keeps (``FRAMES_KEPT``);
+    a longer run's older ones were trimmed, and their scripts count as appends."""
     from commscope.store.cluster import Nodes
     from commscope.store.redis_keys import Keys
     from commscope.store.redis_url import parse_url
