@@ -1,5 +1,5 @@
-"""``memory.give_back``: what a console frees when it swaps its model out goes back to the
-system, not only to its heap."""
+"""``memory``: what a console frees goes back to the system, not only to its heap: a model
+swapped out (``give_back``), and the arrays of every poll (``map_large_apart``)."""
 
 from __future__ import annotations
 
@@ -45,3 +45,94 @@ def test_the_heap_a_model_freed_is_given_back():
     assert got["held"] - got["start"] > 120 * mib  # (every array touched)
     assert got["after_free"] - got["start"] > 100 * mib  # freed, still resident: what the trim is for
     assert got["after"] - got["start"] < got["kept"] + 16 * mib  # what is kept, and little else
+
+
+# Arrays of 1 MiB after one of 4 MiB was freed (glibc's threshold rose past them), one in two
+# kept: freed, do they stay resident?  ``how``: "none" (glibc's own threshold), "call"
+# (``map_large_apart``), "feed" (a console made), "env" (the user's MALLOC_MMAP_THRESHOLD_).
+_POLLS = r"""
+import gc, json, sys
+import numpy as np, psutil
+from commscope import memory
+
+how = sys.argv[1]
+if how == "call":
+    said = memory.map_large_apart()
+elif how in ("feed", "env"):
+    from commscope.store import EmptyReader
+    from commscope.tui.feed import Feed
+    Feed(EmptyReader())
+    said = None
+else:
+    said = None
+proc = psutil.Process()
+big = np.ones(4 << 17, np.int64)  # (4 MiB: a mapping; freed, glibc's threshold rises past 4 MiB)
+del big
+gc.collect()
+start = proc.memory_info().rss
+kept, freed = [], []
+for i in range(128):  # 128 MiB in arrays of 1 MiB, as a poll's columns
+    a = np.ones(1 << 17, np.int64)
+    (kept if i % 2 else freed).append(a)
+held = proc.memory_info().rss
+del freed, a
+after = proc.memory_info().rss
+print(json.dumps({"start": start, "held": held, "after": after, "said": said,
+                  "kept": sum(k.nbytes for k in kept)}))
+"""
+
+
+def _polls(how: str, env: dict[str, str] | None = None) -> dict:
+    import os
+
+    run_env = dict(os.environ, **(env or {}))
+    if env is None:
+        run_env.pop("MALLOC_MMAP_THRESHOLD_", None)
+    out = subprocess.run([sys.executable, "-c", _POLLS, how], capture_output=True, text=True, check=True,
+                         env=run_env)
+    return json.loads(out.stdout)
+
+
+@pytest.mark.skipif(memory._glibc("mallopt") is None, reason="glibc's mallopt: not in this system's C library")
+@pytest.mark.parametrize("how", ["call", "feed"])
+def test_arrays_a_console_frees_go_back_to_the_system_as_they_are_freed(how):
+    """With glibc's own threshold, risen past them, 1 MiB arrays come from the heap and the
+    half freed between those kept stay resident; a console (``Feed``) keeps the threshold at
+    128 KiB, and they go back as they are freed, no trim needed."""
+    mib = 1 << 20
+    before = _polls("none")
+    assert before["held"] - before["start"] > 120 * mib  # (every array touched)
+    assert before["after"] - before["start"] > 100 * mib  # freed, still resident: what it is for
+    got = _polls(how)
+    assert got["held"] - got["start"] > 120 * mib
+    assert got["after"] - got["start"] < got["kept"] + 8 * mib  # what is kept, and little else
+    if how == "call":
+        assert got["said"] is True
+
+
+@pytest.mark.skipif(memory._glibc("mallopt") is None, reason="glibc's mallopt: not in this system's C library")
+def test_a_users_mmap_threshold_is_left_as_set(monkeypatch):
+    """``MALLOC_MMAP_THRESHOLD_`` set by the user (here 64 MiB: every array from the heap) is
+    theirs: a console does not change it."""
+    mib = 1 << 20
+    got = _polls("env", {"MALLOC_MMAP_THRESHOLD_": str(64 * mib)})
+    assert got["after"] - got["start"] > 100 * mib  # (a console made: the heap's, as the user set)
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", str(64 * mib))
+    assert memory.map_large_apart() is False
+
+
+def test_a_read_process_keeps_the_threshold_before_it_reads(monkeypatch):
+    """A console's read process (``readahead.main``) sets the threshold first thing, before
+    it has anything to read."""
+    import io
+    import types
+
+    from commscope.store import readahead
+
+    calls = []
+    monkeypatch.setattr(readahead, "map_large_apart", lambda: calls.append(1) or True)
+    monkeypatch.setattr(readahead.signal, "signal", lambda *a: None)
+    monkeypatch.setattr(readahead.sys, "stdin", types.SimpleNamespace(buffer=io.BytesIO(b"")))
+    monkeypatch.setattr(readahead.sys, "stdout", types.SimpleNamespace(buffer=io.BytesIO()))
+    assert readahead.main() == 0  # (stdin empty: nothing to read)
+    assert calls == [1]

@@ -46,7 +46,7 @@ from typing import IO, NamedTuple
 
 from commscope.compiled import says_no
 from commscope.events import gc_paused
-from commscope.memory import resident_bytes
+from commscope.memory import map_large_apart, resident_bytes
 from commscope.redact import redact as redact_text
 from commscope.store import bulkread
 from commscope.store.base import Batch, ReadStats, Shard, StoreError, TraceReader
@@ -519,6 +519,7 @@ def die_with(console: int) -> bool:
 def main() -> int:
     """The child: what to read from stdin, then batches to stdout until stdin ends."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # (the console's to handle; stdin's end stops this)
+    map_large_apart()  # (its polls' replies and columns given back as freed: ``memory``)
     started_rss = resident_bytes()  # (its imports done, nothing read)
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     try:
