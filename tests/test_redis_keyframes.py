@@ -431,3 +431,24 @@ def test_a_keyframe_checked_reads_every_page_after_its_base(redis_url, monkeypat
         w.close()
     assert base is not None and base.entry == 101 and base.exact
     assert got is not None and got.entry == 201 and got.exact
+
+
+def test_a_benchs_count_of_keyframes_counts_those_a_stream_trimmed(redis_url):
+    """``bench scale`` takes a node's keyframes (a keeper's script each) out of its appends by
+    how many each node took (``frames_by_node``): every one added, not only the newest a
+    stream keeps (its trim: a run longer than ~17 minutes), and none for a rank with none."""
+    from commscope.bench.scale import frames_by_node
+
+    target = parse_url(redis_url)
+    nodes = Nodes(target, target.display())
+    nodes.connect()
+    try:
+        for rank, n in ((0, 10), (2, 3)):
+            key = Keys.frames("job", rank)
+            for _ in range(n):
+                nodes.call(key, "XADD", key, "MAXLEN", "4", "*", "f", "v")
+        assert nodes.call(Keys.frames("job", 0), "XLEN", Keys.frames("job", 0)) == 4  # (trimmed)
+    finally:
+        nodes.close()
+    port = redis_url.rsplit(":", 1)[1].split("/")[0]
+    assert frames_by_node(redis_url, "job", 3) == {f"127.0.0.1:{port}": 13}

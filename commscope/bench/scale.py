@@ -1143,9 +1143,10 @@ def node_load(node: str, before: dict[str, int], after: dict[str, int], seconds:
 
 
 def frames_by_node(store: str, job: str, ranks: int) -> dict[str, int]:
-    """The keyframes each node holds of ``job``'s streams (``Keys.frames``), by "host:port":
-    all a run took where it ran less than the ~17 minutes a stream keeps (``FRAMES_KEPT``);
-    a longer run's older ones were trimmed, and their scripts count as appends."""
+    """The keyframes each node took of ``job``'s streams (``Keys.frames``), by "host:port":
+    every one added (Redis 7's ``entries-added``, which a stream's trim leaves as it was), not
+    only the newest ``FRAMES_KEPT`` a stream keeps (~17 minutes of a rank).  Before Redis 7:
+    those kept (a longer run's older ones' scripts then count as appends)."""
     from commscope.store.cluster import Nodes
     from commscope.store.redis_keys import Keys
     from commscope.store.redis_url import parse_url
@@ -1156,12 +1157,23 @@ def frames_by_node(store: str, job: str, ranks: int) -> dict[str, int]:
     try:
         keys = [Keys.frames(job, r) for r in range(ranks)]
         out: dict[str, int] = {}
-        for key, n in zip(keys, nodes.pipeline([("XLEN", k) for k in keys]), strict=True):
+        for key, info in zip(keys, nodes.pipeline([("XINFO", "STREAM", k) for k in keys]), strict=True):
             host, port = nodes.node(key)
-            out[f"{host}:{port}"] = out.get(f"{host}:{port}", 0) + (n if isinstance(n, int) else 0)
+            out[f"{host}:{port}"] = out.get(f"{host}:{port}", 0) + _added(info)
         return out
     finally:
         nodes.close()
+
+
+def _added(info: object) -> int:
+    """The entries ever added to a stream, from its ``XINFO STREAM`` reply (a flat list of
+    names and values): ``entries-added``, else (before Redis 7) its ``length``; 0 where
+    there is no stream (an error reply: no keyframe taken)."""
+    if not isinstance(info, list):
+        return 0
+    said = dict(zip(info[::2], info[1::2], strict=False))
+    n = said.get(b"entries-added", said.get(b"length"))
+    return n if isinstance(n, int) else 0
 
 
 def run(args: argparse.Namespace) -> int:
