@@ -82,6 +82,35 @@ def give_back() -> bool:
     return True
 
 
+#: A cgroup's memory limit and use: v2's, then v1's (the first readable pair counts)
+CGROUP_FILES = (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"))
+
+
+def available_bytes() -> int | None:
+    """What this process may still take of memory: the system's available memory
+    (``psutil``), or, where a cgroup (a container, a batch job's slot) limits it to less, that
+    limit less what the cgroup uses (v2's ``memory.max``, v1's ``memory.limit_in_bytes``).
+    None where the system says neither."""
+    import psutil
+
+    known = []
+    try:
+        known.append(psutil.virtual_memory().available)
+    except (OSError, RuntimeError):
+        pass
+    for limit, used in CGROUP_FILES:
+        try:
+            with open(limit) as f, open(used) as g:
+                cap, now = f.read().strip(), g.read().strip()
+        except OSError:
+            continue
+        if cap.isdigit() and now.isdigit() and int(cap) < 1 << 60:  # ("max", or v1's ~2^63: none)
+            known.append(max(0, int(cap) - int(now)))
+        break
+    return min(known) if known else None
+
+
 def resident_bytes() -> int:
     """This process's resident bytes now (0 where the system does not say: not Linux), read
     without psutil (a read process says it once its imports are done, before it reads).  Not

@@ -66,6 +66,12 @@ class Loading(NamedTuple):
         return min(1.0, self.read / self.total) if self.total else 0.0
 
 
+#: A model's bytes per byte its store holds of the same stretch, at least (native blocks
+#: 0.21-0.26, JSON op events more; ``tui.feed.MODEL_PER_STORED`` is the most): a read is
+#: refused before it starts only where even this much would not fit (``_fits``)
+MODEL_PER_STORED_LEAST = 0.2
+
+
 #: Bytes a load reads per step: the model takes each step's events and columns before the
 #: next is read, so a load holds the model and one step, never the trace (a step of JSON
 #: events is ~5x its size as dicts; of native blocks, ~1x as columns).
@@ -73,7 +79,8 @@ LOAD_STEP = 8 << 20
 
 
 def load_trace(store: str | os.PathLike | None, progress: Callable[[Loading], None] | None = None,
-               since: Since | None = None, freeze: bool = False) -> tuple[TraceModel, TraceReader, list[str]]:
+               since: Since | None = None, freeze: bool = False, max_model: int | None = None
+               ) -> tuple[TraceModel, TraceReader, list[str]]:
     """Read a whole source into a model: (model, the closed reader, warnings).  What
     ``check``, ``report``, ``export`` and the headless demo all start from.  Streams: the
     reader is read ``LOAD_STEP`` bytes at a time (``TraceReader.bulk``: in parallel where the
@@ -83,10 +90,14 @@ def load_trace(store: str | os.PathLike | None, progress: Callable[[Loading], No
     (``window.py``).  ``freeze``: for a process that keeps the model until it exits (check,
     report, export), everything alive at the load's end is put out of the cyclic
     collector's sight (``gc.freeze``) before the collector resumes: its first pass would
-    walk all of it (0.3 s at 16k ranks).  Not for a process that loads more than once."""
+    walk all of it (0.3 s at 16k ranks).  Not for a process that loads more than once.
+    ``max_model``: refuse (UsageError) before reading where the window's stored bytes say its
+    model would hold more than that many bytes (``_fits``; None: read whatever it holds)."""
     model = TraceModel()
     try:
         reader = open_source(store, since=since)
+        if max_model is not None:
+            _fits(reader, store, since, max_model)
         # (asked only for a bar: ``size`` stats every segment, ~20 ms at 4k ranks before the read began)
         total = reader.size() if progress is not None else None
         with gc_paused():
@@ -115,6 +126,60 @@ def load_trace(store: str | os.PathLike | None, progress: Callable[[Loading], No
         raise UsageError(f"{redact(reader.description)}: no events recorded")
     model.note_read_stats(stats)
     return model, reader, read_warnings(model, stats)
+
+
+def _fits(reader: TraceReader, store: str | os.PathLike | None, since: Since | None, limit: int) -> None:
+    """Raise UsageError, before a byte is read, where what ``reader`` would read (its stored
+    bytes from where it starts each stream: ``backlog_bytes``) makes a model of more than
+    ``limit`` bytes even at the least a stored byte makes (``MODEL_PER_STORED_LEAST``): a
+    window of a large job's last half hour is hundreds of GB stored, read for minutes before
+    the process ran out of memory.  Says a window that fits (``_fitting``).  A store that
+    cannot say its bytes (Redis: 0) is read as asked."""
+    stored = reader.backlog_bytes()
+    least = stored * MODEL_PER_STORED_LEAST
+    if least <= limit:
+        return
+    what = since.describe() if since is not None else "all"
+    ago = _fitting(store, since.ago_s if since is not None and since.ago_s is not None else WHOLE_TRIED_S,
+                   least, limit)
+    shorter = (f"ask for less (--since {_duration(ago)} fits)" if ago is not None else
+               "no window of it does (even its last second reads more: its streams start at segments "
+               "that large)")
+    raise UsageError(f"{redact(reader.description)}: {what} of it would hold at least {size(least)} in memory "
+                     f"({size(stored)} stored, x {MODEL_PER_STORED_LEAST:g}), more than {size(limit)} "
+                     f"(--max-memory): {shorter}, or --max-memory none to read it anyway")
+
+
+#: The window tried first for a whole read that does not fit (``_fitting``)
+WHOLE_TRIED_S = 600.0
+
+
+def _fitting(store: str | os.PathLike | None, ago_s: float, least: float, limit: int) -> float | None:
+    """A window back from the end (seconds) whose model fits ``limit``: ``ago_s`` made
+    shorter in proportion to what its read would hold (``least``), each looked at again (a
+    job younger than the window holds its bytes in less time; a stream starts at its newest
+    keyframe or segment before the window, so bytes do not shrink in proportion), at most 8
+    times.  None where even a second does not fit."""
+    for _ in range(8):
+        if least <= limit:
+            return ago_s
+        ago_s = ago_s * limit / least * 0.75  # (room: a shorter window holds its bytes unevenly)
+        if ago_s < 1:
+            return None
+        reader = open_source(store, since=Since(ago_s=ago_s))
+        try:
+            least = reader.backlog_bytes() * MODEL_PER_STORED_LEAST
+        finally:
+            reader.close()
+    return ago_s if least <= limit else None
+
+
+def _duration(seconds: float) -> str:
+    """``seconds`` as ``--since`` reads it, rounded down: "45s", "12m", "3h"."""
+    for unit, n in (("h", 3600), ("m", 60)):
+        if seconds >= 10 * n:
+            return f"{int(seconds // n)}{unit}"
+    return f"{int(seconds)}s"
 
 
 def read_warnings(model: TraceModel, stats: ReadStats) -> list[str]:

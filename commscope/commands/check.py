@@ -49,6 +49,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hang-after", type=options.seconds, default=None, metavar="SECONDS",
                    help="how long a rank must wait before it counts as hung")
     options.add_since(p)
+    options.add_max_memory(p)
     p.add_argument("--py-spy", action="store_true",
                    help="for a culprit running on this host whose Python threads cannot answer (native code "
                         "holding the GIL), take a native+Python stack dump with py-spy (pip install py-spy)")
@@ -164,7 +165,7 @@ def restart_warnings(restart: dict[str, Any] | None) -> list[str]:
 def main(args: argparse.Namespace) -> int:
     shown = progress.wanted(args.json)
     since = options.since_of(args)
-    model, reader, warnings = progress.load(args.store, shown, since=since)
+    model, reader, warnings = progress.load(args.store, shown, since=since, max_memory=options.max_memory_of(args))
     hang_after = args.hang_after if args.hang_after is not None else default_hang_after(model)
     with progress.status(f"diagnosing {len(model.ranks):,} ranks", shown):
         now, findings = judged(model, hang_after)

@@ -48,6 +48,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "streams not of the job's run, which check names foreign, only when asked for, "
                         "marked foreign)")
     options.add_since(p)
+    options.add_max_memory(p)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -58,7 +59,7 @@ def main(args: argparse.Namespace) -> int:
     from commscope.errors import UsageError
 
     model, reader, warnings = progress.load(args.store, progress.wanted(args.chrome == "-" and sys.stdout.isatty()),
-                                            since=options.since_of(args))
+                                            since=options.since_of(args), max_memory=options.max_memory_of(args))
     hang = args.hang_after if args.hang_after is not None else default_hang_after(model)
     now, findings = judged(model, hang)
     skipped = {"skipped": read_summary(reader.stats)}

@@ -17,10 +17,13 @@ if TYPE_CHECKING:
 
 SINCE_HELP = ("read only this window: a duration back from the job's newest write (90s, 10m, 2h, 3d; its "
               "files' modification time, a Redis stream's newest entry), a UTC time "
-              "(14:00, 2026-11-26T14:00), or all.  Each rank's stream starts at the segment (Redis: the "
-              "mark) holding the window's start, with the ops in flight there; a rank silent since "
-              "before it still shows its end; what retention "
+              "(14:00, 2026-11-26T14:00), or all.  Each rank's stream starts at its newest keyframe "
+              "(every few seconds; else its segment, a Redis mark) before the window's start, with the "
+              "ops in flight there; a rank silent since before it still shows its end; what retention "
               "summarized is read whatever the window")
+MAX_MEMORY_HELP = ("refuse, before reading, a read whose model would hold more than SIZE (e.g. 8GiB), from "
+                   "the bytes the store holds of it, and say a --since that fits; none: read whatever it "
+                   "holds (default: the memory available as the command starts)")
 
 
 def ranks_read(world_size: int, apart: int) -> str:
@@ -138,6 +141,26 @@ def warning(text: str) -> Text:
 
 def add_since(p: argparse.ArgumentParser, default: str = "all") -> None:
     p.add_argument("--since", default=default, metavar="WHEN", help=f"{SINCE_HELP} (default {default})")
+
+
+def add_max_memory(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-memory", default=None, type=memory_size, metavar="SIZE", help=MAX_MEMORY_HELP)
+
+
+def memory_size(text: str) -> int | str:
+    """An argparse type: ``--max-memory``'s SIZE, or "none" (any)."""
+    return "none" if text.strip().lower() == "none" else byte_size(text)
+
+
+def max_memory_of(args: argparse.Namespace) -> int | None:
+    """The most a read's model may hold (``--max-memory``): as given, None for "none", and by
+    default the memory available now (``memory.available_bytes``; None where unknown)."""
+    from commscope.memory import available_bytes
+
+    given = getattr(args, "max_memory", None)
+    if given == "none":
+        return None
+    return given if isinstance(given, int) else available_bytes()
 
 
 def since_of(args: argparse.Namespace) -> Since | None:

@@ -80,12 +80,13 @@ def status(text: str, enabled: bool) -> Iterator[None]:
         yield
 
 
-def load(store: str | os.PathLike | None, shown: bool, since: Since | None = None
-         ) -> tuple[TraceModel, TraceReader, list[str]]:
+def load(store: str | os.PathLike | None, shown: bool, since: Since | None = None,
+         max_memory: int | None = None) -> tuple[TraceModel, TraceReader, list[str]]:
     """``analysis.source.load_trace`` (of the window ``since``) with a progress bar when
     ``shown``, for commands that load once and exit (check, report, export): the model lives
-    as long as the process, so the load freezes it out of the collector's sight."""
+    as long as the process, so the load freezes it out of the collector's sight.
+    ``max_memory``: the most its model may hold (``options.max_memory_of``; None: any)."""
     from commscope.store import redact_store
 
     with bar(f"reading {redact_store(str(store or 'trace'))[-40:]}", shown) as update:
-        return load_trace(store, progress=update, since=since, freeze=True)
+        return load_trace(store, progress=update, since=since, freeze=True, max_model=max_memory)

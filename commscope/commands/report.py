@@ -116,6 +116,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "groups ranks waited in most)")
 
     options.add_since(p)
+    options.add_max_memory(p)
 
 
 def _cell(kind: str, v: Any) -> str:
@@ -334,7 +335,8 @@ def main(args: argparse.Namespace) -> int:
     from commscope.commands.check import read_summary
 
     shown = progress.wanted(args.json or args.csv)
-    model, reader, warnings = progress.load(args.store, shown, since=options.since_of(args))
+    model, reader, warnings = progress.load(args.store, shown, since=options.since_of(args),
+                                            max_memory=options.max_memory_of(args))
     with progress.status(f"summarizing {len(model.ranks):,} ranks", shown):
         rep = compute_report(model, top_sites=args.top)
     restart, restart_warnings = restart_note(args.store, reader, model)
