@@ -10,10 +10,9 @@ until the heap is trimmed.  Measured at 1,024 ranks (``bench scale``): 2-4 model
 once before the collection (a peak RSS of ~650 MiB, with a 64 MiB model), and ~100 MiB of
 freed heap left resident after it, given back by the trim.
 
-Between swaps the same holds for what a console frees every poll (a read process's replies
-and decoded columns, the console's batches and views): a console and its read processes keep
-the threshold where glibc starts it (``map_large_apart``), so such arrays are mappings of their
-own, given back as they are freed.
+Between swaps the same holds for what a read process frees every poll (its replies and
+decoded columns): a console's read processes keep the threshold where glibc starts it
+(``map_large_apart``), so such arrays are mappings of their own, given back as they are freed.
 """
 
 from __future__ import annotations
@@ -55,11 +54,14 @@ def map_large_apart() -> bool:
     is a mapping of its own, given back to the system when it is freed.  glibc raises the
     threshold to the size of each such mapping freed (up to 32 MiB): after a few polls a
     long-lived process's poll-sized arrays came from its heap, where what they left when
-    freed stayed resident, a hole among live objects, until a trim.  Measured at 1,024 ranks
-    (``bench scale --store redis``, alternated, two runs each): a read process 114-118 ->
-    92-93 MiB, the console's own less its model 55-83 -> 35-46 MiB, the same CPU.  A console
-    (``tui.feed.Feed``) and its read processes call it; a user's ``MALLOC_MMAP_THRESHOLD_``
-    is left as set.  Returns whether the threshold was set (False: not glibc, or the user's)."""
+    freed stayed resident, a hole among live objects, until a trim.  A console's read
+    processes call it (``store.readahead``): measured at 1,024 ranks (``bench scale``,
+    alternated, two runs each), a read process 114-121 -> 92-94 MiB on Redis, 77-88 -> 68-69
+    MiB on a directory.  Not the console's own process: there each step's temporaries, mapped
+    and zeroed afresh, cost the one thread that ingests (the console's CPU at the target,
+    extrapolated, 1.8-2.4 -> 2.3-3.4 cores), for 30-40 MiB less held at 1,024 ranks.  A
+    user's ``MALLOC_MMAP_THRESHOLD_`` is left as set.  Returns whether the threshold was set
+    (False: not glibc, or the user's)."""
     if "MALLOC_MMAP_THRESHOLD_" in os.environ:
         return False
     mallopt = _glibc("mallopt")

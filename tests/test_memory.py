@@ -1,5 +1,6 @@
 """``memory``: what a console frees goes back to the system, not only to its heap: a model
-swapped out (``give_back``), and the arrays of every poll (``map_large_apart``)."""
+swapped out (``give_back``), and the arrays of every poll its read processes make
+(``map_large_apart``)."""
 
 from __future__ import annotations
 
@@ -49,22 +50,14 @@ def test_the_heap_a_model_freed_is_given_back():
 
 # Arrays of 1 MiB after one of 4 MiB was freed (glibc's threshold rose past them), one in two
 # kept: freed, do they stay resident?  ``how``: "none" (glibc's own threshold), "call"
-# (``map_large_apart``), "feed" (a console made), "env" (the user's MALLOC_MMAP_THRESHOLD_).
+# (``map_large_apart``), "env" (the user's MALLOC_MMAP_THRESHOLD_, then the call).
 _POLLS = r"""
 import gc, json, sys
 import numpy as np, psutil
 from commscope import memory
 
 how = sys.argv[1]
-if how == "call":
-    said = memory.map_large_apart()
-elif how in ("feed", "env"):
-    from commscope.store import EmptyReader
-    from commscope.tui.feed import Feed
-    Feed(EmptyReader())
-    said = None
-else:
-    said = None
+said = memory.map_large_apart() if how in ("call", "env") else None
 proc = psutil.Process()
 big = np.ones(4 << 17, np.int64)  # (4 MiB: a mapping; freed, glibc's threshold rises past 4 MiB)
 del big
@@ -94,20 +87,18 @@ def _polls(how: str, env: dict[str, str] | None = None) -> dict:
 
 
 @pytest.mark.skipif(memory._glibc("mallopt") is None, reason="glibc's mallopt: not in this system's C library")
-@pytest.mark.parametrize("how", ["call", "feed"])
-def test_arrays_a_console_frees_go_back_to_the_system_as_they_are_freed(how):
+def test_arrays_a_read_process_frees_go_back_to_the_system_as_they_are_freed():
     """With glibc's own threshold, risen past them, 1 MiB arrays come from the heap and the
-    half freed between those kept stay resident; a console (``Feed``) keeps the threshold at
-    128 KiB, and they go back as they are freed, no trim needed."""
+    half freed between those kept stay resident; with the threshold kept at 128 KiB they go
+    back as they are freed, no trim needed."""
     mib = 1 << 20
     before = _polls("none")
     assert before["held"] - before["start"] > 120 * mib  # (every array touched)
     assert before["after"] - before["start"] > 100 * mib  # freed, still resident: what it is for
-    got = _polls(how)
+    got = _polls("call")
     assert got["held"] - got["start"] > 120 * mib
     assert got["after"] - got["start"] < got["kept"] + 8 * mib  # what is kept, and little else
-    if how == "call":
-        assert got["said"] is True
+    assert got["said"] is True
 
 
 @pytest.mark.skipif(memory._glibc("mallopt") is None, reason="glibc's mallopt: not in this system's C library")
@@ -116,7 +107,8 @@ def test_a_users_mmap_threshold_is_left_as_set(monkeypatch):
     theirs: a console does not change it."""
     mib = 1 << 20
     got = _polls("env", {"MALLOC_MMAP_THRESHOLD_": str(64 * mib)})
-    assert got["after"] - got["start"] > 100 * mib  # (a console made: the heap's, as the user set)
+    assert got["said"] is False
+    assert got["after"] - got["start"] > 100 * mib  # (the heap's, as the user set)
     monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", str(64 * mib))
     assert memory.map_large_apart() is False
 

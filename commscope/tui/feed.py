@@ -23,7 +23,7 @@ from commscope.analysis.flight_import import FlightRecorderReader
 from commscope.analysis.model import EMPTY_VIEW, ModelView
 from commscope.analysis.source import Loading
 from commscope.events import DEFAULT_HANG_AFTER, gc_paused
-from commscope.memory import give_back, map_large_apart
+from commscope.memory import give_back
 from commscope.store import AsOf, Batch, TraceReader, readahead
 from commscope.store.readahead import ReadAhead, ReadAheadLost
 from commscope.window import Since
@@ -134,7 +134,6 @@ class Feed:
         """``hint``: what to tell the user while nothing has been read (how a job gets there);
         ``reopen``: a reader of the same source from a window on, for a live model grown past
         ``MODEL_BUDGET`` (None: the model grows with the job)."""
-        map_large_apart()  # (a console's freed batches and views given back as freed: ``memory``)
         self.reader: TraceReader = reader
         self.reopen = reopen
         self.restarts = 0  # how many times the model started again at the tail (panels reset then)
