@@ -402,3 +402,25 @@ def test_drawn_ids_take_rank_0s_attempt_too(monkeypatch):
     store.keys = {"commscope/job/0": b"20260101-000000-abcdef 2 nonce"}
     assert jobid.settle(1, None, 1, timeout=0.05) == jobid.Settled("20260101-000000-abcdef", 2, "nonce")
     assert jobid.job_attempt() == 0
+
+
+def test_an_earlier_attempt_that_would_not_fit_beside_the_last_is_not_read(tmp_path):
+    """``check --max-memory``: an earlier attempt is read while the last attempt's model is
+    held, so it may hold the limit less that model; one that would hold more is not read, and
+    its line says why (``source._fits``), where before it was read whatever it held."""
+    from commscope.analysis.source import MODEL_PER_STORED_LEAST, open_source
+    from commscope.bench.synthstore import JobShape, write_store
+
+    write_store(str(tmp_path), JobShape(4, 40, fault="missing", hang_after=2.0), job="myrun")
+    (tmp_path / "myrun" / "job.json").write_text(json.dumps({"job": "myrun", "attempt": 0}))
+    fake_store(tmp_path, "myrun-a1")
+    reader = open_source(str(tmp_path / "myrun"))
+    least = int(reader.backlog_bytes() * MODEL_PER_STORED_LEAST)
+    reader.close()
+    held = 1 << 20
+    last = SimpleNamespace(ranks={}, nbytes=lambda: held)  # (the last attempt's model, as loaded)
+    (row,) = restarted(None, reading(tmp_path, "myrun-a1"), 2.0, last, max_memory=least + held - 1)["earlier"]
+    assert "findings" not in row
+    assert row["note"].startswith(f"could not be read: {tmp_path / 'myrun'}: all of it would hold at least")
+    (row,) = restarted(None, reading(tmp_path, "myrun-a1"), 2.0, last, max_memory=least + held + 1)["earlier"]
+    assert [(f["kind"], f["culprits"]) for f in row["findings"]] == [("missing_ranks", [3])]

@@ -86,7 +86,7 @@ def judged(model: TraceModel, hang_after: float) -> tuple[int, list[Finding]]:
 
 # ---------------------------------------------------------------------- torchrun restarts
 def restarted(store: Any, reader: Any, hang_after: float | None = None, model: TraceModel | None = None,
-              since: Since | None = None) -> dict[str, Any] | None:
+              since: Since | None = None, max_memory: int | None = None) -> dict[str, Any] | None:
     """When the job read (``model``: what was read of it) is attempt N > 0 of a torchrun run:
     its earlier attempts found in the same store, the newest ``MAX_LISTED`` named and the
     newest ``MAX_EARLIER`` of those judged as ``check`` judges a trace, the others counted
@@ -96,7 +96,8 @@ def restarted(store: Any, reader: Any, hang_after: float | None = None, model: T
     read with (``--since``), each earlier attempt read with it too, so a check asked to
     read the tail of a restarted 16k-rank run does not read its earlier attempts whole
     (what ended each is found as a full read finds it; ``before_window_bytes`` says what
-    was not read)."""
+    was not read).  ``max_memory``: what the models may hold (``--max-memory``; None: any):
+    an earlier attempt whose model would not fit beside ``model`` is not read, and says so."""
     r = restarts(store, reader, model)
     if r is None:
         return None
@@ -107,7 +108,8 @@ def restarted(store: Any, reader: Any, hang_after: float | None = None, model: T
             row["note"] = f"not read: check judges the {MAX_EARLIER} newest earlier attempts"
         else:
             try:
-                loaded, read, _ = load_trace(e.name, since=since)
+                room = None if max_memory is None else max(0, max_memory - (model.nbytes() if model else 0))
+                loaded, read, _ = load_trace(e.name, since=since, max_model=room)
             except UsageError as exc:
                 row["note"] = f"could not be read: {exc}"
             else:
@@ -165,12 +167,13 @@ def restart_warnings(restart: dict[str, Any] | None) -> list[str]:
 def main(args: argparse.Namespace) -> int:
     shown = progress.wanted(args.json)
     since = options.since_of(args)
-    model, reader, warnings = progress.load(args.store, shown, since=since, max_memory=options.max_memory_of(args))
+    max_memory = options.max_memory_of(args)
+    model, reader, warnings = progress.load(args.store, shown, since=since, max_memory=max_memory)
     hang_after = args.hang_after if args.hang_after is not None else default_hang_after(model)
     with progress.status(f"diagnosing {len(model.ranks):,} ranks", shown):
         now, findings = judged(model, hang_after)
     with progress.status("judging the run's earlier attempts", shown):
-        restart = restarted(args.store, reader, args.hang_after, model, since)
+        restart = restarted(args.store, reader, args.hang_after, model, since, max_memory)
     warnings = [*warnings, *restart_warnings(restart)]
     if getattr(args, "py_spy", False):
         native_dumps(model, findings)
