@@ -1150,6 +1150,7 @@ def frames_by_node(store: str, job: str, ranks: int) -> dict[str, int]:
     from commscope.store.cluster import Nodes
     from commscope.store.redis_keys import Keys
     from commscope.store.redis_url import parse_url
+    from commscope.store.resp import pack
 
     target = parse_url(store)
     nodes = Nodes(target, target.display())
@@ -1157,7 +1158,9 @@ def frames_by_node(store: str, job: str, ranks: int) -> dict[str, int]:
     try:
         keys = [Keys.frames(job, r) for r in range(ranks)]
         out: dict[str, int] = {}
-        for key, info in zip(keys, nodes.pipeline([("XINFO", "STREAM", k) for k in keys]), strict=True):
+        # (routed by the key, which is not XINFO's first argument: ``pipeline`` would route by "STREAM")
+        infos = nodes.many([(k, pack("XINFO", "STREAM", k)) for k in keys])
+        for key, info in zip(keys, infos, strict=True):
             host, port = nodes.node(key)
             out[f"{host}:{port}"] = out.get(f"{host}:{port}", 0) + _added(info)
         return out
