@@ -59,10 +59,10 @@ def map_large_apart() -> bool:
     alternated, two runs each), a read process 114-121 -> 92-94 MiB on Redis, 77-88 -> 68-69
     MiB on a directory.  Not the console's own process: there each step's temporaries, mapped
     and zeroed afresh, cost the one thread that ingests (the console's CPU at the target,
-    extrapolated, 1.8-2.4 -> 2.3-3.4 cores), for 30-40 MiB less held at 1,024 ranks.  A
-    user's ``MALLOC_MMAP_THRESHOLD_`` is left as set.  Returns whether the threshold was set
+    extrapolated, 1.8-2.7 -> 2.5-3.4 cores on a directory), for 30-40 MiB less held at 1,024
+    ranks.  A user's ``MALLOC_MMAP_THRESHOLD_`` (or ``GLIBC_TUNABLES``'s) is left as set.  Returns whether the threshold was set
     (False: not glibc, or the user's)."""
-    if "MALLOC_MMAP_THRESHOLD_" in os.environ:
+    if "MALLOC_MMAP_THRESHOLD_" in os.environ or "glibc.malloc.mmap_threshold" in os.environ.get("GLIBC_TUNABLES", ""):
         return False
     mallopt = _glibc("mallopt")
     if mallopt is None:
@@ -84,33 +84,84 @@ def give_back() -> bool:
     return True
 
 
-#: A cgroup's memory limit and use: v2's, then v1's (the first readable pair counts)
-CGROUP_FILES = (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
-                ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"))
+#: Where cgroups are mounted, and where this process says its own (``_cgroup_room``)
+CGROUP_ROOT = "/sys/fs/cgroup"
+PROC_CGROUP = "/proc/self/cgroup"
 
 
 def available_bytes() -> int | None:
     """What this process may still take of memory: the system's available memory
-    (``psutil``), or, where a cgroup (a container, a batch job's slot) limits it to less, that
-    limit less what the cgroup uses (v2's ``memory.max``, v1's ``memory.limit_in_bytes``).
-    None where the system says neither."""
+    (``psutil``), or, where a cgroup it is in (a container, a batch job's slot, a systemd
+    slice; its own or any above it) leaves less, that (``_cgroup_room``).  None where the
+    system says neither."""
     import psutil
 
-    known = []
+    known = _cgroup_room()
     try:
         known.append(psutil.virtual_memory().available)
     except (OSError, RuntimeError):
         pass
-    for limit, used in CGROUP_FILES:
-        try:
-            with open(limit) as f, open(used) as g:
-                cap, now = f.read().strip(), g.read().strip()
-        except OSError:
-            continue
-        if cap.isdigit() and now.isdigit() and int(cap) < 1 << 60:  # ("max", or v1's ~2^63: none)
-            known.append(max(0, int(cap) - int(now)))
-        break
     return min(known) if known else None
+
+
+def _cgroup_room() -> list[int]:
+    """What each memory cgroup this process is in leaves, from its own up to the mount's
+    root (``/proc/self/cgroup``: v2's ``0::PATH``, v1's ``memory`` line): its limit less its
+    working set, what it uses less the file cache the kernel drops first (``inactive_file``,
+    as kubelet counts it: a container writing traces sits near its limit in cache).  A
+    group without a limit ("max", v1's ~2^63) or whose files are not there leaves nothing
+    out."""
+    try:
+        with open(PROC_CGROUP) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        number, controllers, path = parts
+        if number == "0" and not controllers:
+            base, names = CGROUP_ROOT, ("memory.max", "memory.current", "inactive_file")
+        elif "memory" in controllers.split(","):
+            base = os.path.join(CGROUP_ROOT, "memory")
+            names = ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file")
+        else:
+            continue
+        here = os.path.normpath(os.path.join(base, path.lstrip("/")))
+        while here.startswith(base):
+            room = _room(here, *names)
+            if room is not None:
+                out.append(room)
+            if here == base:
+                break
+            here = os.path.dirname(here)
+    return out
+
+
+def _room(group: str, limit_name: str, used_name: str, inactive_name: str) -> int | None:
+    """What cgroup directory ``group`` leaves under its limit (None: no limit, or unreadable)."""
+    try:
+        with open(os.path.join(group, limit_name)) as f:
+            limit = f.read().strip()
+        with open(os.path.join(group, used_name)) as f:
+            used = int(f.read().strip())
+    except (OSError, ValueError):
+        return None
+    if not limit.isdigit() or int(limit) >= 1 << 60:  # ("max", or v1's ~2^63: none)
+        return None
+    inactive = 0
+    try:
+        with open(os.path.join(group, "memory.stat")) as f:
+            for row in f:
+                name, _, value = row.partition(" ")
+                if name == inactive_name:
+                    inactive = int(value)
+                    break
+    except (OSError, ValueError):
+        pass
+    return max(0, int(limit) - max(0, used - inactive))
 
 
 def resident_bytes() -> int:

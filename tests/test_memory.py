@@ -78,9 +78,8 @@ print(json.dumps({"start": start, "held": held, "after": after, "said": said,
 def _polls(how: str, env: dict[str, str] | None = None) -> dict:
     import os
 
-    run_env = dict(os.environ, **(env or {}))
-    if env is None:
-        run_env.pop("MALLOC_MMAP_THRESHOLD_", None)
+    run_env = {k: v for k, v in os.environ.items() if k not in ("MALLOC_MMAP_THRESHOLD_", "GLIBC_TUNABLES")}
+    run_env.update(env or {})
     out = subprocess.run([sys.executable, "-c", _POLLS, how], capture_output=True, text=True, check=True,
                          env=run_env)
     return json.loads(out.stdout)
@@ -102,14 +101,16 @@ def test_arrays_a_read_process_frees_go_back_to_the_system_as_they_are_freed():
 
 
 @pytest.mark.skipif(memory._glibc("mallopt") is None, reason="glibc's mallopt: not in this system's C library")
-def test_a_users_mmap_threshold_is_left_as_set(monkeypatch):
-    """``MALLOC_MMAP_THRESHOLD_`` set by the user (here 64 MiB: every array from the heap) is
-    theirs: a console does not change it."""
+@pytest.mark.parametrize("name, value", [("MALLOC_MMAP_THRESHOLD_", str(64 << 20)),
+                                         ("GLIBC_TUNABLES", f"glibc.malloc.mmap_threshold={64 << 20}")])
+def test_a_users_mmap_threshold_is_left_as_set(monkeypatch, name, value):
+    """A threshold the user set (here 64 MiB: every array from the heap), the old way or as a
+    glibc tunable (helper-157: the tunable was overridden), is theirs: not changed."""
     mib = 1 << 20
-    got = _polls("env", {"MALLOC_MMAP_THRESHOLD_": str(64 * mib)})
+    got = _polls("env", {name: value})
     assert got["said"] is False
     assert got["after"] - got["start"] > 100 * mib  # (the heap's, as the user set)
-    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", str(64 * mib))
+    monkeypatch.setenv(name, value)
     assert memory.map_large_apart() is False
 
 

@@ -40,10 +40,10 @@ def _least(store: str, since: Since | None = None) -> float:
 
 @pytest.fixture(scope="module")
 def keyed(tmp_path_factory) -> str:
-    """A job of the last 30 s with keyframes every second: a window starts near its start."""
+    """A job of the last ~35 s with keyframes every second: a window starts near its start."""
     root = str(tmp_path_factory.mktemp("keyed") / "store")
-    write_store(root, JobShape(16, 400, fault="missing", hang_after=2.0, keyframe_s=1.0,
-                               t0=time.time_ns() - 30 * S), job="keyed")
+    write_store(root, JobShape(64, 600, fault="missing", hang_after=2.0, keyframe_s=1.0,
+                               t0=time.time_ns() - 35 * S), job="keyed")
     return root
 
 
@@ -64,26 +64,50 @@ def test_a_read_that_would_not_fit_is_refused_before_a_byte_is_read(store, monke
     assert read == []  # (refused before reading)
     assert "all of it would hold at least" in said and "x 0.2" in said and "--max-memory none" in said
     # (one segment a stream, no keyframes: a window of its last second reads it whole)
-    assert "no window of it does" in said
+    assert "no window of it fits" in said
     model, _, _ = load_trace(store, max_model=int(least) + 1)  # (it fits: read whole)
     assert read == [1] and model.events > 0 and len(model.ranks) == 8
 
 
-@pytest.mark.parametrize("since", [None, Since(ago_s=3600)])
+def _said(text: str) -> float:
+    """The window a refusal says to try, in seconds."""
+    n, unit = re.search(r"try --since (\d+)([smh])\b", text).groups()
+    return int(n) * {"s": 1, "m": 60, "h": 3600}[unit]
+
+
+@pytest.mark.parametrize("since", [None, Since(ago_s=3600), Since(ago_s=86400)])
 def test_a_read_that_would_not_fit_is_told_a_window_that_does(keyed, since):
-    """The window said is looked at before it is said: read with the same limit, it fits,
-    and finds what the whole read finds."""
-    limit = int(_least(keyed, since) / 3)
+    """The window said is looked at before it is said, at the most a stored byte makes: read,
+    its model fits the limit, and it finds what the whole read finds.  A window asked longer
+    than the job (a day of a 30 s job) is told one too (helper-157: its bytes never shrank,
+    and the search gave up: "no window")."""
+    limit = int(_least(keyed, since) / 1.5)
     with pytest.raises(UsageError) as e:
         load_trace(keyed, since=since, max_model=limit)
     said = str(e.value)
-    assert ("all of it" if since is None else "the last 1 h of it") + " would hold at least" in said
-    ago = int(re.search(r"--since (\d+)s fits", said).group(1))
-    assert 1 <= ago < 30
+    assert f"{'all' if since is None else since.describe()} of it would hold at least" in said
+    ago = _said(said)
+    assert 1 <= ago < 35
     model, _, _ = load_trace(keyed, since=Since(ago_s=ago), max_model=limit)
-    assert model.events > 0
+    assert 0 < model.nbytes() <= limit
     _, findings = judged(model, 2.0)
-    assert [(f.kind, f.culprits) for f in findings if f.severity == "error"] == [("missing_ranks", [9])]
+    assert [(f.kind, f.culprits) for f in findings if f.severity == "error"] == [("missing_ranks", [33])]
+
+
+def test_a_long_job_read_whole_is_told_a_window_of_what_fits_not_of_ten_minutes(tmp_path):
+    """A whole read of a job longer than ten minutes: the window said is grown past the ten
+    minutes tried first while longer ones fit (helper-157: scaled by the whole job's bytes,
+    it said 149 s where 15 minutes fit)."""
+    root = str(tmp_path / "long")
+    write_store(root, JobShape(16, 1600, fault="missing", hang_after=2.0, rate=0.4, keyframe_s=1.0,
+                               t0=time.time_ns() - 4020 * S), job="long")
+    limit = int(_least(root) / 1.05)
+    with pytest.raises(UsageError) as e:
+        load_trace(root, max_model=limit)
+    ago = _said(str(e.value))
+    assert 600 < ago < 4000
+    model, _, _ = load_trace(root, since=Since(ago_s=ago), max_model=limit)
+    assert model.nbytes() <= limit
 
 
 @pytest.mark.parametrize("command", ["check", "report", "export"])
@@ -93,7 +117,7 @@ def test_each_one_shot_command_is_sized_by_the_memory_available(store, command, 
     extra = ["--chrome", str(tmp_path / "out.json")] if command == "export" else []
     assert cli([command, store, *extra]) == 2
     err = capsys.readouterr().err
-    assert "would hold at least" in err and "more than 1.0 KiB" in err
+    assert "would hold at least" in err and "more than --max-memory 1.0 KiB" in err
     got = cli([command, store, *extra, "--max-memory", "none"])
     assert got == (1 if command == "check" else 0)  # (read: check finds the missing rank)
     assert "would hold" not in capsys.readouterr().err
@@ -108,22 +132,41 @@ def test_max_memory_reads_a_size_or_none():
     assert options.max_memory_of(argparse.Namespace(max_memory="none")) is None
 
 
-def test_the_memory_available_is_a_cgroups_where_it_limits_to_less(tmp_path, monkeypatch):
-    """A container's or a batch slot's limit (cgroup v2, else v1) less what it uses, where
-    that is less than the system's available memory; "max" (v2) or v1's ~2^63 limit nothing."""
+def _group(root, path: str, **files: str) -> None:
+    d = root / path
+    d.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        (d / name.replace("_", ".", 1)).write_text(text)
+
+
+def test_the_memory_available_is_a_cgroups_where_it_leaves_less(tmp_path, monkeypatch):
+    """A container's, a batch job's slot's or a systemd slice's limit, on this process's own
+    cgroup or any above it (``/proc/self/cgroup``), less its working set (what it uses less
+    the inactive file cache the kernel drops first), where that is less than the system's
+    available memory; "max" (v2) or v1's ~2^63 limit nothing (helper-157: the root's files
+    were read, not the process's group's, and page cache counted as used)."""
+    mib = 1 << 20
     system = 8 << 30
     monkeypatch.setattr(psutil, "virtual_memory", lambda: argparse.Namespace(available=system))
-    v2 = (tmp_path / "memory.max", tmp_path / "memory.current")
-    v1 = (tmp_path / "limit_in_bytes", tmp_path / "usage_in_bytes")
-    monkeypatch.setattr(memory, "CGROUP_FILES", ((str(v2[0]), str(v2[1])), (str(v1[0]), str(v1[1]))))
-    assert memory.available_bytes() == system  # (neither readable: the system's)
-    v1[0].write_text("9223372036854771712\n")
-    v1[1].write_text("1000\n")
-    assert memory.available_bytes() == system  # (v1 unlimited)
-    v1[0].write_text(f"{300 << 20}\n")
-    assert memory.available_bytes() == (300 << 20) - 1000
-    v2[0].write_text("max\n")
-    v2[1].write_text("5\n")
-    assert memory.available_bytes() == system  # (v2 read first: no limit there)
-    v2[0].write_text(f"{100 << 20}\n")
-    assert memory.available_bytes() == (100 << 20) - 5
+    proc = tmp_path / "cgroup"
+    root = tmp_path / "fs"
+    monkeypatch.setattr(memory, "PROC_CGROUP", str(proc))
+    monkeypatch.setattr(memory, "CGROUP_ROOT", str(root))
+    assert memory.available_bytes() == system  # (no /proc/self/cgroup: the system's)
+    proc.write_text("0::/slice/job\n")
+    _group(root, "", memory_max="max\n", memory_current="5\n")
+    _group(root, "slice/job", memory_max="max\n", memory_current=f"{100 * mib}\n")
+    assert memory.available_bytes() == system  # (no limit anywhere)
+    # the slice above the job: 1 GiB, 900 MiB used of which 600 MiB inactive file cache
+    _group(root, "slice", memory_max=f"{1024 * mib}\n", memory_current=f"{900 * mib}\n",
+           memory_stat=f"anon {300 * mib}\ninactive_file {600 * mib}\nactive_file 0\n")
+    assert memory.available_bytes() == 724 * mib
+    _group(root, "slice/job", memory_max=f"{500 * mib}\n")  # (the job's own: less)
+    assert memory.available_bytes() == 400 * mib
+    # cgroup v1: the memory controller's group, its parents' limits too
+    proc.write_text("4:memory:/a/b\n3:cpu:/\n0::/\n")
+    _group(root, "memory", memory_limit_in_bytes="9223372036854771712\n", memory_usage_in_bytes="7\n")
+    _group(root, "memory/a", memory_limit_in_bytes=f"{300 * mib}\n", memory_usage_in_bytes=f"{200 * mib}\n",
+           memory_stat=f"cache 1\ntotal_inactive_file {150 * mib}\n")
+    _group(root, "memory/a/b", memory_limit_in_bytes="9223372036854771712\n", memory_usage_in_bytes="1\n")
+    assert memory.available_bytes() == 250 * mib

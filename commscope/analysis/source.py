@@ -66,9 +66,16 @@ class Loading(NamedTuple):
         return min(1.0, self.read / self.total) if self.total else 0.0
 
 
-#: A model's bytes per byte its store holds of the same stretch, at least (native blocks
-#: 0.21-0.26, JSON op events more; ``tui.feed.MODEL_PER_STORED`` is the most): a read is
-#: refused before it starts only where even this much would not fit (``_fits``)
+#: A model's bytes per byte its store holds of the same stretch, at most: 0.21-0.26 for native
+#: blocks, 0.23-0.69 for JSON op events (synthetic jobs of 64-256 ranks, their heartbeats and
+#: samples with them): what a first window (``tui.feed.first_window``) and a window said to
+#: fit (``_fitting``) are sized by
+MODEL_PER_STORED = 0.7
+#: What a model's arrays hold before its ops fill them (an arena block, its tables: ~0.5 MB
+#: at 16-64 ranks), beside what its stored bytes make (``_fitting``)
+MODEL_FLOOR = 1 << 20
+#: ... and at least: a read is refused before it starts only where even this much would not
+#: fit (``_fits``)
 MODEL_PER_STORED_LEAST = 0.2
 
 
@@ -133,52 +140,91 @@ def _fits(reader: TraceReader, store: str | os.PathLike | None, since: Since | N
     bytes from where it starts each stream: ``backlog_bytes``) makes a model of more than
     ``limit`` bytes even at the least a stored byte makes (``MODEL_PER_STORED_LEAST``): a
     window of a large job's last half hour is hundreds of GB stored, read for minutes before
-    the process ran out of memory.  Says a window that fits (``_fitting``).  A store that
-    cannot say its bytes (Redis: 0) is read as asked."""
+    the process ran out of memory.  Says a window that fits at the most a stored byte makes
+    (``_fitting``).  A store that cannot say its bytes (a directory of Flight Recorder dumps:
+    0) is read as asked."""
     stored = reader.backlog_bytes()
     least = stored * MODEL_PER_STORED_LEAST
     if least <= limit:
         return
     what = since.describe() if since is not None else "all"
-    ago = _fitting(store, since.ago_s if since is not None and since.ago_s is not None else WHOLE_TRIED_S,
-                   least, limit)
-    shorter = (f"ask for less (--since {_duration(ago)} fits)" if ago is not None else
-               "no window of it does (even its last second reads more: its streams start at segments "
-               "that large)")
-    raise UsageError(f"{redact(reader.description)}: {what} of it would hold at least {size(least)} in memory "
-                     f"({size(stored)} stored, x {MODEL_PER_STORED_LEAST:g}), more than {size(limit)} "
-                     f"(--max-memory): {shorter}, or --max-memory none to read it anyway")
+    ago = _fitting(store, since, limit)
+    shorter = (f"try --since {_duration(ago)}" if ago is not None else
+               "no window of it fits (its last second reads more:\n  its streams start at segments that large)")
+    raise UsageError(f"{redact(reader.description)}: {what} of it would hold at least {size(least)} in memory\n"
+                     f"  ({size(stored)} stored, x {MODEL_PER_STORED_LEAST:g}), more than --max-memory {size(limit)}:\n"
+                     f"  {shorter},\n  or --max-memory none to read it anyway")
 
 
-#: The window tried first for a whole read that does not fit (``_fitting``)
+#: The window tried first for a whole read, or one from a time, that does not fit (``_fitting``)
 WHOLE_TRIED_S = 600.0
 
 
-def _fitting(store: str | os.PathLike | None, ago_s: float, least: float, limit: int) -> float | None:
-    """A window back from the end (seconds) whose model fits ``limit``: ``ago_s`` made
-    shorter in proportion to what its read would hold (``least``), each looked at again (a
-    job younger than the window holds its bytes in less time; a stream starts at its newest
-    keyframe or segment before the window, so bytes do not shrink in proportion), at most 8
-    times.  None where even a second does not fit."""
-    for _ in range(8):
-        if least <= limit:
-            return ago_s
-        ago_s = ago_s * limit / least * 0.75  # (room: a shorter window holds its bytes unevenly)
-        if ago_s < 1:
-            return None
-        reader = open_source(store, since=Since(ago_s=ago_s))
+def _fitting(store: str | os.PathLike | None, since: Since | None, limit: int) -> float | None:
+    """The longest window back from the end (seconds) found whose model fits ``limit`` at
+    the most a stored byte makes (``MODEL_PER_STORED``, and ``MODEL_FLOOR``), each window looked at (its stored
+    bytes, from where it starts each stream): from the window asked (a whole read, or one
+    from a time: ten minutes, longer while they fit), made shorter in proportion while
+    shorter windows hold less, else its last second; then halved in log space between one
+    that fits and one that does not, a few times.  None where even one second does not fit
+    (streams that start at segments larger than that: no keyframes).  A few listings of the
+    store: ~0.2 s each at 8k ranks."""
+    def held(ago: float) -> float:
+        reader = open_source(store, since=Since(ago_s=ago))
         try:
-            least = reader.backlog_bytes() * MODEL_PER_STORED_LEAST
+            return reader.backlog_bytes() * MODEL_PER_STORED + MODEL_FLOOR
         finally:
             reader.close()
-    return ago_s if least <= limit else None
+
+    lo: float | None = None  # the longest window found that fits
+    hi = since.ago_s if since is not None and since.ago_s is not None else WHOLE_TRIED_S  # ... one that does not
+    hi_held = held(hi)
+    if hi_held <= limit:  # (ten minutes of a whole read fit: longer ones, while they do)
+        lo = hi
+        for _ in range(4):
+            longer = lo * 4
+            got = held(longer)
+            if got > limit:
+                hi, hi_held = longer, got
+                break
+            lo = longer
+        else:
+            return lo
+    if lo is None:
+        for _ in range(4):  # (in proportion, while shorter windows hold less)
+            guess = hi * limit / hi_held * 0.75
+            if guess < 1:
+                break
+            got = held(guess)
+            if got <= limit:
+                lo = guess
+                break
+            shrank = got <= 0.9 * hi_held
+            hi, hi_held = guess, got
+            if not shrank:  # (a job younger than the window, or streams starting at segments)
+                break
+        if lo is None:
+            if hi <= 1 or held(1.0) > limit:
+                return None
+            lo = 1.0
+    for _ in range(4):  # (between one that fits and one that does not)
+        if hi / lo < 1.25:
+            break
+        mid = (lo * hi) ** 0.5
+        if held(mid) <= limit:
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 def _duration(seconds: float) -> str:
-    """``seconds`` as ``--since`` reads it, rounded down: "45s", "12m", "3h"."""
-    for unit, n in (("h", 3600), ("m", 60)):
-        if seconds >= 10 * n:
-            return f"{int(seconds // n)}{unit}"
+    """``seconds`` as ``--since`` reads it, rounded down (a shorter window holds no more):
+    "45s", "12m", "3h"."""
+    if seconds >= 2 * 3600:
+        return f"{int(seconds // 3600)}h"
+    if seconds >= 120:
+        return f"{int(seconds // 60)}m"
     return f"{int(seconds)}s"
 
 

@@ -21,9 +21,10 @@ SINCE_HELP = ("read only this window: a duration back from the job's newest writ
               "(every few seconds; else its segment, a Redis mark) before the window's start, with the "
               "ops in flight there; a rank silent since before it still shows its end; what retention "
               "summarized is read whatever the window")
-MAX_MEMORY_HELP = ("refuse, before reading, a read whose model would hold more than SIZE (e.g. 8GiB), from "
-                   "the bytes the store holds of it, and say a --since that fits; none: read whatever it "
-                   "holds (default: the memory available as the command starts)")
+MAX_MEMORY_HELP = ("refuse, before reading, a read whose model would hold more than SIZE (1 MiB or more: "
+                   "512MiB, 8GiB), from the bytes the store holds of it, and say a --since that fits; none: "
+                   "read whatever it holds (default: the memory available as the command starts, a "
+                   "cgroup's limit where less)")
 
 
 def ranks_read(world_size: int, apart: int) -> str:
@@ -148,8 +149,13 @@ def add_max_memory(p: argparse.ArgumentParser) -> None:
 
 
 def memory_size(text: str) -> int | str:
-    """An argparse type: ``--max-memory``'s SIZE, or "none" (any)."""
-    return "none" if text.strip().lower() == "none" else byte_size(text)
+    """An argparse type: ``--max-memory``'s SIZE (1 MiB at least), or "none" (any)."""
+    if text.strip().lower() == "none":
+        return "none"
+    try:
+        return byte_size(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"give a size of 1 MiB or more (512MiB, 8GiB) or none, not {text!r}") from None
 
 
 def max_memory_of(args: argparse.Namespace) -> int | None:

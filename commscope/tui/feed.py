@@ -21,7 +21,7 @@ from textual.message import Message
 from commscope.analysis import Finding, TraceModel, diagnose, rankstate
 from commscope.analysis.flight_import import FlightRecorderReader
 from commscope.analysis.model import EMPTY_VIEW, ModelView
-from commscope.analysis.source import Loading
+from commscope.analysis.source import MODEL_PER_STORED, Loading
 from commscope.events import DEFAULT_HANG_AFTER, gc_paused
 from commscope.memory import give_back
 from commscope.store import AsOf, Batch, TraceReader, readahead
@@ -697,10 +697,6 @@ def _noted(model: TraceModel, reader: TraceReader) -> None:
         model.note_job(reader.job())
 
 
-#: A model's bytes per byte its store holds of the same stretch, at most: 0.21-0.26 for native
-#: blocks, 0.23-0.69 for JSON op events (synthetic jobs of 64-256 ranks, their heartbeats and
-#: samples with them; ``first_window``)
-MODEL_PER_STORED = 0.7
 #: ... and the share of the budget a first window is sized to fill at most (the rest: room to
 #: grow before the model restarts at the tail)
 FIRST_SHARE = 0.75
