@@ -333,3 +333,67 @@ def test_a_window_after_maxlen_trimmed_history_before_its_mark_counts_the_trimme
     text = console.export_text()
     assert f"{at - first + 1:,} events before the window not read" in text, text
     assert f"{first - 1:,} older events before the window are gone from the store" in text, text
+
+
+def _line_bytes(url: str, job: str, ranks: int) -> int:
+    """The bytes of every entry's line, as Redis holds them."""
+    target = parse_url(url)
+    nodes = Nodes(target, target.display())
+    nodes.connect()
+    try:
+        return sum(len(v) for r in range(ranks) for _, fields in nodes.call(Keys.stream(job, r), "XRANGE",
+                                                                          Keys.stream(job, r), "-", "+")
+                   for v in fields[1::2])
+    finally:
+        nodes.close()
+
+
+def test_a_redis_reader_says_about_what_it_has_left_to_read(redis_url):
+    """``backlog_bytes`` on Redis, an estimate (Redis says no stream's bytes; it said 0, so
+    ``attach``'s first window and ``check --max-memory`` read any window as asked): a whole
+    read's from what Redis says the streams take (~1.2x their lines), a window's from the
+    marks it starts at, a follower's from what it read; 0 once read."""
+    import time
+
+    from commscope.analysis.synth import S
+
+    job = "left"
+    write_store(redis_url, JobShape(16, 400, fault="missing", hang_after=2.0, mark_every_s=2.0,
+                                    t0=time.time_ns() - 30 * S), job=job)
+    url = f"{redis_url}?job={job}"
+    lines = _line_bytes(redis_url, job, 16)
+    whole = open_source(url)
+    assert lines <= whole.backlog_bytes() <= 1.5 * lines
+    window = open_source(url, since=Since(ago_s=10))
+    left = lines - window.stats.skipped_bytes  # (the marks say the bytes before them)
+    assert 0 < left < lines
+    assert 0.7 * left <= window.backlog_bytes() <= 1.5 * left
+    while whole.poll_batch(max_bytes=256 << 10).count():  # (a follower: from what it read)
+        pass
+    assert whole.backlog_bytes() == 0
+    whole.close()
+    window.close()
+
+
+def test_attachs_first_window_on_redis_is_sized_by_its_bytes(redis_url):
+    """A first window whose model would not fit a console's budget is made shorter on Redis
+    too, as on a directory (``feed.first_window``), where it was read as asked."""
+    import time
+
+    from commscope.analysis.source import MODEL_PER_STORED
+    from commscope.analysis.synth import S
+    from commscope.tui.feed import FIRST_SHARE, first_window
+
+    job = "first"
+    write_store(redis_url, JobShape(16, 400, fault="missing", hang_after=2.0, mark_every_s=1.0,
+                                    t0=time.time_ns() - 30 * S), job=job)
+    url = f"{redis_url}?job={job}"
+    held = open_source(url, since=Since(ago_s=3600)).backlog_bytes() * MODEL_PER_STORED
+    reader, since, why = first_window(lambda w: open_source(url, since=w), Since(ago_s=3600),
+                                      int(held / 4 / FIRST_SHARE))
+    try:
+        assert since is not None and since.ago_s < 30
+        assert why == f"{since.describe()} of 1 h"
+        assert reader.backlog_bytes() * MODEL_PER_STORED <= held / 2
+    finally:
+        reader.close()

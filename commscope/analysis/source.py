@@ -69,10 +69,10 @@ class Loading(NamedTuple):
 #: A model's bytes per byte its store holds of the same stretch, at most: 0.21-0.26 for native
 #: blocks, 0.23-0.69 for JSON op events (synthetic jobs of 64-256 ranks, their heartbeats and
 #: samples with them): what a first window (``tui.feed.first_window``) and a window said to
-#: fit (``_fitting``) are sized by
+#: fit (``fitting_window``) are sized by
 MODEL_PER_STORED = 0.7
 #: What a model's arrays hold before its ops fill them (an arena block, its tables: ~0.5 MB
-#: at 16-64 ranks), beside what its stored bytes make (``_fitting``)
+#: at 16-64 ranks), beside what its stored bytes make (``fitting_window``)
 MODEL_FLOOR = 1 << 20
 #: ... and at least: a read is refused before it starts only where even this much would not
 #: fit (``_fits``)
@@ -141,14 +141,14 @@ def _fits(reader: TraceReader, store: str | os.PathLike | None, since: Since | N
     ``limit`` bytes even at the least a stored byte makes (``MODEL_PER_STORED_LEAST``): a
     window of a large job's last half hour is hundreds of GB stored, read for minutes before
     the process ran out of memory.  Says a window that fits at the most a stored byte makes
-    (``_fitting``).  A store that cannot say its bytes (a directory of Flight Recorder dumps:
+    (``fitting_window``).  A store that cannot say its bytes (a directory of Flight Recorder dumps:
     0) is read as asked."""
     stored = reader.backlog_bytes()
     least = stored * MODEL_PER_STORED_LEAST
     if least <= limit:
         return
     what = since.describe() if since is not None else "all"
-    ago = _fitting(store, since, limit)
+    ago = fitting_window(lambda window: open_source(store, since=window), since, limit)
     shorter = (f"try --since {_duration(ago)}" if ago is not None else
                "no window of it fits (its last second reads more:\n  its streams start at segments that large)")
     raise UsageError(f"{redact(reader.description)}: {what} of it would hold at least {size(least)} in memory\n"
@@ -156,29 +156,33 @@ def _fits(reader: TraceReader, store: str | os.PathLike | None, since: Since | N
                      f"  {shorter},\n  or --max-memory none to read it anyway")
 
 
-#: The window tried first for a whole read, or one from a time, that does not fit (``_fitting``)
+#: The window tried first for a whole read, or one from a time, that does not fit (``fitting_window``)
 WHOLE_TRIED_S = 600.0
 
 
-def _fitting(store: str | os.PathLike | None, since: Since | None, limit: int) -> float | None:
+def fitting_window(open_at: Callable[[Since], TraceReader], since: Since | None, limit: float,
+                   held_asked: float | None = None, floor: float = MODEL_FLOOR) -> float | None:
     """The longest window back from the end (seconds) found whose model fits ``limit`` at
-    the most a stored byte makes (``MODEL_PER_STORED``, and ``MODEL_FLOOR``), each window looked at (its stored
-    bytes, from where it starts each stream): from the window asked (a whole read, or one
-    from a time: ten minutes, longer while they fit), made shorter in proportion while
-    shorter windows hold less, else its last second; then halved in log space between one
-    that fits and one that does not, a few times.  None where even one second does not fit
-    (streams that start at segments larger than that: no keyframes).  A few listings of the
-    store: ~0.2 s each at 8k ranks."""
+    the most a stored byte makes (``MODEL_PER_STORED``, and ``floor``: ``MODEL_FLOOR``), each window
+    opened (``open_at``) and its stored bytes looked at, from where it starts each stream:
+    from the window asked (``held_asked``: what its model would hold, where the caller
+    knows; a whole read, or one from a time: ten minutes, longer while they fit), made
+    shorter in proportion while shorter windows hold less, else its last second; then
+    halved in log space between one that fits and one that does not, a few times.  None
+    where even one second does not fit (streams that start at segments larger than that: no
+    keyframes).  A few listings of the store: ~0.2 s each at 8k ranks.  What ``check
+    --max-memory`` says to try (``_fits``) and ``attach``'s first window (``tui.feed``)."""
     def held(ago: float) -> float:
-        reader = open_source(store, since=Since(ago_s=ago))
+        reader = open_at(Since(ago_s=ago))
         try:
-            return reader.backlog_bytes() * MODEL_PER_STORED + MODEL_FLOOR
+            return reader.backlog_bytes() * MODEL_PER_STORED + floor
         finally:
             reader.close()
 
     lo: float | None = None  # the longest window found that fits
-    hi = since.ago_s if since is not None and since.ago_s is not None else WHOLE_TRIED_S  # ... one that does not
-    hi_held = held(hi)
+    asked = since is not None and since.ago_s is not None
+    hi = since.ago_s if asked else WHOLE_TRIED_S  # ... one that does not
+    hi_held = held_asked if asked and held_asked is not None else held(hi)
     if hi_held <= limit:  # (ten minutes of a whole read fit: longer ones, while they do)
         lo = hi
         for _ in range(4):

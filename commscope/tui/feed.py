@@ -21,7 +21,7 @@ from textual.message import Message
 from commscope.analysis import Finding, TraceModel, diagnose, rankstate
 from commscope.analysis.flight_import import FlightRecorderReader
 from commscope.analysis.model import EMPTY_VIEW, ModelView
-from commscope.analysis.source import MODEL_PER_STORED, Loading
+from commscope.analysis.source import MODEL_PER_STORED, Loading, fitting_window
 from commscope.events import DEFAULT_HANG_AFTER, gc_paused
 from commscope.memory import give_back
 from commscope.store import AsOf, Batch, TraceReader, readahead
@@ -708,37 +708,31 @@ def first_window(open_at: Callable[[Since | None], TraceReader], since: Since | 
     window, and what was read instead of what was asked ("" where it is as asked, else e.g.
     "the last 14.4 s of 10 min"): a window of the last minutes (``attach``'s ten, by default)
     whose stored bytes (``backlog_bytes``, from where the reader starts each stream) would
-    make a model of more than ``FIRST_SHARE`` of the budget is made shorter in proportion,
-    and looked at again (a job younger than the window holds its bytes in less time), down to
-    ``TAIL_FLOOR_S``.  Read whole, it filled the budget first and then restarted at the tail:
-    at 1,024 ranks at 25 collectives a second, ten minutes are ~3.7 GB of model against a
-    1 GiB budget.  Where a shorter window does not read less (a store without keyframes
-    starts each stream at its segment), the window is as asked.  A window at a time, all of
-    a job, or a store that cannot say its bytes (Redis: 0) are read as asked."""
+    make a model of more than ``FIRST_SHARE`` of the budget is made the longest shorter one
+    found that fits (``source.fitting_window``: in proportion while shorter windows hold
+    less, then looked at between; a job younger than the window holds its bytes in less
+    time), ``TAIL_FLOOR_S`` at least.  Read whole, it filled the budget first and then
+    restarted at the tail: at 1,024 ranks at 25 collectives a second, ten minutes are ~3.7
+    GB of model against a 1 GiB budget.  Where no shorter window reads less (a store without
+    keyframes starts each stream at its segment), the window is as asked.  A window at a
+    time, all of a job, or a store that cannot say its bytes (Flight Recorder dumps: 0) are
+    read as asked; a Redis store says an estimate (``RedisReader.backlog_bytes``)."""
     reader = open_at(since)
     if since is None or since.ago_s is None:
         return reader, since, ""
     room = budget * FIRST_SHARE
-    asked = since
     try:
         held = reader.backlog_bytes() * MODEL_PER_STORED
-        for _ in range(8):  # (each look a listing of the store: a few)
-            ago = max(TAIL_FLOOR_S, round(since.ago_s * room / held, 1)) if held > room else since.ago_s
-            if ago >= since.ago_s:
-                break
-            shorter = open_at(Since(ago_s=ago))
-            less = shorter.backlog_bytes() * MODEL_PER_STORED
-            if less > 0.9 * held:  # (it reads what the longer one did: no shorter at all)
-                shorter.close()
-                break
-            reader.close()
-            reader, since, held = shorter, Since(ago_s=ago), less
+        # (no floor: the budget's last quarter is the model's room to grow)
+        ago = fitting_window(open_at, since, room, held, floor=0) if held > room else None
     except BaseException:
         reader.close()
         raise
-    if since is asked:
+    if ago is None or ago >= since.ago_s:
         return reader, since, ""
-    return reader, since, f"{since.describe()} of {asked.describe().removeprefix('the last ')}"
+    reader.close()
+    shorter = Since(ago_s=max(TAIL_FLOOR_S, round(ago, 1)))
+    return open_at(shorter), shorter, f"{shorter.describe()} of {since.describe().removeprefix('the last ')}"
 
 
 def tail_span_s(model: TraceModel, budget: int, least_s: float, since_ns: int | None = None,
