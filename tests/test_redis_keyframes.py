@@ -25,6 +25,7 @@ from commscope.store import children, keyframes, redis_keeper, redis_marks
 from commscope.store.cluster import Nodes, keyslot
 from commscope.store.redis_store import Keys, RedisWriter, delete_job
 from commscope.store.redis_url import parse_url
+from commscope.store.resp import ReplyError
 from commscope.window import Since
 
 S = 1_000_000_000
@@ -461,3 +462,25 @@ def test_a_benchs_count_of_keyframes_counts_those_a_stream_trimmed(where, reques
     if where == "redis_cluster_url":
         assert len(want) > 1  # (the ranks' keys on several masters)
     assert frames_by_node(url, "job", 6) == want
+
+
+def test_a_key_of_another_type_is_told_as_redis_6_and_7_say_it(redis_url):
+    """The keeper stops following a stream whose keyframes' key is not a stream: Redis 7 says
+    it as the script's command said it, Redis 6 wrapped in "ERR Error running script"
+    (helper-156: that one was retried every period for good); other refusals are not it."""
+    target = parse_url(redis_url)
+    nodes = Nodes(target, target.display())
+    nodes.connect()
+    try:
+        nodes.call(b"frames", "SET", b"frames", b"not a stream")
+        nodes.call(b"stream", "XADD", b"stream", "0-1", "e", "x")
+        with pytest.raises(ReplyError) as e:  # (this server's own words, from inside the script)
+            nodes.call(b"frames", "EVAL", redis_marks.ADD_FRAME, 2, b"frames", b"stream", 4, "*", "k", "1")
+    finally:
+        nodes.close()
+    assert redis_keeper.wrong_type(e.value)
+    assert redis_keeper.wrong_type(ReplyError(
+        "ERR Error running script (call to f_0123abcd): @user_script:1: WRONGTYPE Operation against a key "
+        "holding the wrong kind of value"))
+    assert not redis_keeper.wrong_type(ReplyError("OOM command not allowed when used memory > 'maxmemory'."))
+    assert not redis_keeper.wrong_type(ReplyError("ERR no WRONGTYPEs here"))

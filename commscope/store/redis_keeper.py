@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -31,6 +32,16 @@ from commscope.store.segments import MAX_RANK
 #: A stream whose keyframe failed otherwise than as Redis does (a bug, a carry that cannot be
 #: replayed) is looked at again this many periods later, the others going on meanwhile
 FAILED_WAIT = 30
+
+
+_WRONG_TYPE = re.compile(r"(?:^|: )WRONGTYPE ")
+
+
+def wrong_type(exc: Exception) -> bool:
+    """Whether Redis said a key is not of the type a command wanted: "WRONGTYPE ..." (Redis 7,
+    a script's error as the command's), or "ERR Error running script (...): @user_script:1:
+    WRONGTYPE ..." (Redis 6 wraps it; helper-156: the keeper retried such a key each period)."""
+    return _WRONG_TYPE.search(str(exc)) is not None
 
 
 def keep(url: str, job: str, commands: BinaryIO, every_s: float, known: Sequence[tuple[str, int]] = (),
@@ -65,7 +76,7 @@ def keep(url: str, job: str, commands: BinaryIO, every_s: float, known: Sequence
                         up = True
                     redis_marks.frame(nodes, f)
                 except ReplyError as exc:
-                    if str(exc).startswith("WRONGTYPE"):
+                    if wrong_type(exc):
                         del followed[stream]
                     else:  # (refused for now: this stream again a period later, the others meanwhile)
                         f.due = t + every_s
