@@ -348,7 +348,7 @@ def _line_bytes(url: str, job: str, ranks: int) -> int:
         nodes.close()
 
 
-def test_a_redis_reader_says_about_what_it_has_left_to_read(redis_url):
+def test_a_redis_reader_says_about_what_it_has_left_to_read(redis_url, monkeypatch):
     """``backlog_bytes`` on Redis, an estimate (Redis says no stream's bytes; it said 0, so
     ``attach``'s first window and ``check --max-memory`` read any window as asked): a whole
     read's from what Redis says the streams take (~1.2x their lines), a window's from the
@@ -356,12 +356,14 @@ def test_a_redis_reader_says_about_what_it_has_left_to_read(redis_url):
     import time
 
     from commscope.analysis.synth import S
+    from commscope.store.redis_store import RedisReader
 
     job = "left"
     write_store(redis_url, JobShape(16, 400, fault="missing", hang_after=2.0, mark_every_s=2.0,
                                     t0=time.time_ns() - 30 * S), job=job)
     url = f"{redis_url}?job={job}"
     lines = _line_bytes(redis_url, job, 16)
+    monkeypatch.setattr(RedisReader, "BACKLOG_REQUESTS_A_SECOND", float("inf"))  # (each asked afresh)
     whole = open_source(url)
     assert lines <= whole.backlog_bytes() <= 1.5 * lines
     window = open_source(url, since=Since(ago_s=10))
@@ -397,3 +399,29 @@ def test_attachs_first_window_on_redis_is_sized_by_its_bytes(redis_url):
         assert reader.backlog_bytes() * MODEL_PER_STORED <= held / 2
     finally:
         reader.close()
+
+
+def test_a_redis_followers_backlog_is_asked_of_redis_at_a_bounded_rate(redis_url, monkeypatch):
+    """A follower asked its backlog every second (a console's header) asks Redis at most
+    ``BACKLOG_REQUESTS_A_SECOND`` (two requests a stream), the figure as last found between:
+    16k streams sent 32k requests a second."""
+    import time
+
+    from commscope.analysis.synth import S
+    from commscope.store.redis_store import RedisReader
+
+    job = "rate"
+    write_store(redis_url, JobShape(16, 100, fault="missing", hang_after=2.0, t0=time.time_ns() - 10 * S), job=job)
+    monkeypatch.setattr(RedisReader, "BACKLOG_REQUESTS_A_SECOND", 32 / 3600)  # (an hour a figure)
+    reader = open_source(f"{redis_url}?job={job}")
+    asked = []
+    real = RedisReader._tops
+    monkeypatch.setattr(RedisReader, "_tops", lambda self: asked.append(1) or real(self))
+    first = reader.backlog_bytes()
+    while reader.poll_batch(max_bytes=256 << 10).count():
+        pass
+    assert first > 0 and reader.backlog_bytes() == first and asked == [1]  # (kept: no request)
+    monkeypatch.setattr(RedisReader, "BACKLOG_REQUESTS_A_SECOND", float("inf"))
+    reader._backlog = (0.0, 0)  # (its time up)
+    assert reader.backlog_bytes() == 0 and asked == [1, 1]
+    reader.close()
