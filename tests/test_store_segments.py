@@ -537,6 +537,31 @@ def test_a_first_window_whose_model_would_not_fit_the_budget_is_made_shorter(tmp
     assert (got, why) == (asked, "") and [w.ago_s for w in opened][::2] == [600, 1.0]
 
 
+def test_a_first_window_none_fits_is_the_shortest_where_that_reads_less(tmp_path):
+    """No window fits the budget's share (segments of 32 KiB, no keyframes: each stream starts
+    at its segment), but a window of its last ``TAIL_FLOOR_S`` reads less than ten minutes:
+    that one, as before ``fitting_window`` (helper-158: read as asked, its model 18x more)."""
+    import time
+
+    from commscope.analysis.source import MODEL_PER_STORED
+    from commscope.tui.feed import FIRST_SHARE, TAIL_FLOOR_S, first_window
+
+    store = str(tmp_path / "trace")
+    write_store(store, JobShape(8, 1000, fault="missing", hang_after=2.0, segment_bytes=32 << 10,
+                                t0=time.time_ns() - 50 * S))
+    asked = Since(ago_s=600)
+    whole = open_source(store, since=asked).backlog_bytes() * MODEL_PER_STORED
+    last = open_source(store, since=Since(ago_s=TAIL_FLOOR_S)).backlog_bytes() * MODEL_PER_STORED
+    assert last < 0.9 * whole
+    budget = int(last / 2 / FIRST_SHARE)  # (not even the shortest fits)
+    reader, got, why = first_window(lambda w: open_source(store, since=w), asked, budget)
+    reader.close()
+    assert (got, why) == (Since(ago_s=TAIL_FLOOR_S), "the last 2 s of 10 min")
+    reader, got, why = first_window(lambda w: open_source(store, since=w), Since(ago_s=1.5), budget)
+    reader.close()
+    assert (got, why) == (Since(ago_s=1.5), "")  # (never longer than asked)
+
+
 def test_attach_reads_a_first_window_that_fits_its_budget_and_says_so(tmp_path, monkeypatch):
     """``commscope attach`` (its default: the last ten minutes) on that job with the budget a
     quarter of it: the console reads the shorter window, and its header says so."""

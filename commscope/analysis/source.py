@@ -150,7 +150,7 @@ def _fits(reader: TraceReader, store: str | os.PathLike | None, since: Since | N
     what = since.describe() if since is not None else "all"
     ago = fitting_window(lambda window: open_source(store, since=window), since, limit)
     shorter = (f"try --since {_duration(ago)}" if ago is not None else
-               "no window of it fits (its last second reads more:\n  its streams start at segments that large)")
+               "no window of it fits (its last second reads more: its streams start at\n  segments, or marks, that large, or the limit is about what a model holds empty)")
     raise UsageError(f"{redact(reader.description)}: {what} of it would hold at least {size(least)} in memory\n"
                      f"  ({size(stored)} stored, x {MODEL_PER_STORED_LEAST:g}), more than --max-memory {size(limit)}:\n"
                      f"  {shorter},\n  or --max-memory none to read it anyway")
@@ -184,14 +184,16 @@ def fitting_window(open_at: Callable[[Since], TraceReader], since: Since | None,
     hi = since.ago_s if asked else WHOLE_TRIED_S  # ... one that does not
     hi_held = held_asked if asked and held_asked is not None else held(hi)
     if hi_held <= limit:  # (ten minutes of a whole read fit: longer ones, while they do)
-        lo = hi
+        lo, lo_held = hi, hi_held
         for _ in range(4):
             longer = lo * 4
             got = held(longer)
             if got > limit:
                 hi, hi_held = longer, got
                 break
-            lo = longer
+            if got <= lo_held:  # (it reads no more: the job is no longer than that)
+                return lo
+            lo, lo_held = longer, got
         else:
             return lo
     if lo is None:

@@ -796,7 +796,9 @@ class RedisReader(TraceReader):
         #: entry size ``backlog_bytes`` takes before any entry is read
         self._marked = (0, 0)
         self._sampled: float | None = None  # (``_entry_bytes``)
-        self._backlog: tuple[float, int] = (0.0, 0)  # (monotonic) until when ``backlog_bytes`` is, and it
+        #: (monotonic) until when ``backlog_bytes`` keeps what it found: each stream's top entry
+        #: and length, and the mean entry's bytes
+        self._backlog: tuple[float, dict[Stream, tuple[int, int | None]], float] = (0.0, {}, 0.0)
         self._window_ms: int | None = None  # where the window ``start_at`` was given starts (ms)
         self._job: dict | None = None
         self._job_failed = False
@@ -985,7 +987,9 @@ class RedisReader(TraceReader):
                                            "gone, not skipped by --since")
             else:
                 self.stats.count_skipped(stream[0], mark.bytes)
-            if mark.bytes > 0 and mark.entry > 0:
+            # (an inexact mark's bytes leave out what was trimmed before it, counted in its entries;
+            # one saying more than MAX_ENTRY_BYTES an entry is no mark commscope wrote: helper-158)
+            if mark.exact and 0 < mark.bytes <= mark.entry * self.MAX_ENTRY_BYTES:
                 self._marked = (self._marked[0] + mark.bytes, self._marked[1] + mark.entry)
             if not mark.exact:
                 self.stats.warnings.append(f"rank {stream[0]}: what it was in at the window's start is not known "
@@ -998,36 +1002,40 @@ class RedisReader(TraceReader):
     def backlog_bytes(self) -> int:
         """Bytes stored but not yet returned, estimated (Redis says no stream's bytes): each
         stream's entries past the last returned (its top entry's number less that, at most
-        its length: a trim) at the mean size of an entry, of those read so far, else of those
-        before the marks a window started at, else ``ENTRY_BYTES``.  Two pipelines of one
-        command a stream.  What sizes ``attach``'s first window (``tui.feed.first_window``)
+        its length: a trim) at the mean size of an entry (``_entry_bytes``).  Two pipelines of
+        one command a stream.  What sizes ``attach``'s first window (``tui.feed.first_window``)
         and refuses a ``check`` past ``--max-memory`` (``analysis.source``) on Redis as on a
         directory: 0 before, so the last ten minutes of 1,024 ranks at 25 collectives a
         second (~7 GB) were read as asked.  Asked again sooner than its requests allow
-        (``BACKLOG_REQUESTS_A_SECOND``: 1,024 streams every 4 s), the figure as last found.
-        0 where Redis is away."""
+        (``BACKLOG_REQUESTS_A_SECOND``: 1,024 streams every 4 s), the ends last found, against
+        what was read since (helper-158: a figure kept said a console caught up "falling
+        behind" for a minute at 16k ranks).  0 where Redis is away."""
         if self.job_id is None:
             return 0
-        now = time.monotonic()
-        if now < self._backlog[0]:
-            return self._backlog[1]
-        try:
-            tops = self._tops()
-            streams = list(tops)
-            lengths = self._nodes_ok().pipeline([("XLEN", self.keys.stream(self.job_id, *st)) for st in streams])
-            entries = 0
-            for stream, length in zip(streams, lengths, strict=True):
-                behind = tops[stream][0] - self._last.get(stream, 0)
-                entries += max(0, min(behind, length) if isinstance(length, int) else behind)
-            size = int(entries * self._entry_bytes(streams, lengths)) if entries else 0
-        except (OSError, ReplyError, StoreError):
-            return 0
-        self._backlog = (time.monotonic() + 2 * len(streams) / self.BACKLOG_REQUESTS_A_SECOND, size)
-        return size
+        if time.monotonic() >= self._backlog[0]:
+            try:
+                tops = self._tops()
+                streams = list(tops)
+                lengths = self._nodes_ok().pipeline([("XLEN", self.keys.stream(self.job_id, *st)) for st in streams])
+                ends = {st: (tops[st][0], n if isinstance(n, int) else None)
+                        for st, n in zip(streams, lengths, strict=True)}
+                mean = self._entry_bytes(streams, lengths)
+            except (OSError, ReplyError, StoreError):
+                return 0
+            self._backlog = (time.monotonic() + 2 * len(streams) / self.BACKLOG_REQUESTS_A_SECOND, ends, mean)
+        _, ends, mean = self._backlog
+        entries = 0
+        for stream, (top, length) in ends.items():  # (against what was read since: a follower caught up is not behind)
+            behind = top - self._last.get(stream, 0)
+            entries += max(0, behind if length is None else min(behind, length))
+        return int(entries * mean)
 
     #: Requests a second a follower's ``backlog_bytes`` sends at most (two a stream, then the
-    #: figure is kept that long): asked every second, 16k streams sent 32k a second for a header
+    #: figure is kept that long, less what is read meanwhile): asked every second, 16k streams
+    #: sent 32k a second for a header.  A reader's: a console's read processes each
     BACKLOG_REQUESTS_A_SECOND = 500.0
+    #: The most bytes an entry is taken to hold from what a mark says (a line of a tick's records)
+    MAX_ENTRY_BYTES = 1 << 20
 
     #: Streams ``_entry_bytes`` asks Redis the memory of, where nothing else says an entry's size
     SAMPLED_STREAMS = 64

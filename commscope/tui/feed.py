@@ -10,6 +10,7 @@ when the UI is busy.  Tests call ``step`` directly.
 from __future__ import annotations
 
 import dataclasses
+import math
 import threading
 import time
 from collections import Counter, deque
@@ -725,13 +726,22 @@ def first_window(open_at: Callable[[Since | None], TraceReader], since: Since | 
         held = reader.backlog_bytes() * MODEL_PER_STORED
         # (no floor: the budget's last quarter is the model's room to grow)
         ago = fitting_window(open_at, since, room, held, floor=0) if held > room else None
+        if ago is None and held > room and since.ago_s > TAIL_FLOOR_S:
+            # (none fits: the shortest, where it reads less than the window asked; helper-158)
+            floor_reader = open_at(Since(ago_s=TAIL_FLOOR_S))
+            try:
+                less = floor_reader.backlog_bytes() * MODEL_PER_STORED
+            finally:
+                floor_reader.close()
+            ago = TAIL_FLOOR_S if less <= 0.9 * held else None
     except BaseException:
         reader.close()
         raise
+    ago = None if ago is None else max(TAIL_FLOOR_S, math.floor(ago * 10) / 10)  # (rounded down)
     if ago is None or ago >= since.ago_s:
         return reader, since, ""
     reader.close()
-    shorter = Since(ago_s=max(TAIL_FLOOR_S, round(ago, 1)))
+    shorter = Since(ago_s=ago)
     return open_at(shorter), shorter, f"{shorter.describe()} of {since.describe().removeprefix('the last ')}"
 
 
