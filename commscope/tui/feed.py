@@ -698,8 +698,8 @@ def _noted(model: TraceModel, reader: TraceReader) -> None:
         model.note_job(reader.job())
 
 
-#: ... and the share of the budget a first window is sized to fill at most (the rest: room to
-#: grow before the model restarts at the tail)
+#: The share of the budget a first window is sized to fill at most (the rest: room to grow
+#: before the model restarts at the tail)
 FIRST_SHARE = 0.75
 
 
@@ -714,8 +714,9 @@ def first_window(open_at: Callable[[Since | None], TraceReader], since: Since | 
     less, then looked at between; a job younger than the window holds its bytes in less
     time), ``TAIL_FLOOR_S`` at least.  Read whole, it filled the budget first and then
     restarted at the tail: at 1,024 ranks at 25 collectives a second, ten minutes are ~3.7
-    GB of model against a 1 GiB budget.  Where no shorter window reads less (a store without
-    keyframes starts each stream at its segment), the window is as asked.  A window at a
+    GB of model against a 1 GiB budget.  Where none fits (a store without keyframes starts
+    each stream at its segment), the last ``TAIL_FLOOR_S`` if that reads less than the window
+    asked, else the window as asked.  Never longer than asked.  A window at a
     time, all of a job, or a store that cannot say its bytes (Flight Recorder dumps: 0) are
     read as asked; a Redis store says an estimate (``RedisReader.backlog_bytes``)."""
     reader = open_at(since)
