@@ -480,3 +480,34 @@ def _entries(url: str, job: str) -> list[tuple[int, list]]:
         return [(int(eid.split(b"-")[1]), fields) for eid, fields in nodes.call(key, "XRANGE", key, "-", "+")]
     finally:
         nodes.close()
+
+
+def test_a_hostile_mark_does_not_size_a_redis_window(redis_url):
+    """A mark is data: one saying its entries hold 10^18 bytes (no line is that long) is not
+    taken for an entry's size (helper-158: a window starting at it was estimated at 10^17
+    bytes, and ``check --max-memory`` said to try a window longer than the job)."""
+    from commscope.analysis.synth import S
+
+    job = "hostile"
+    write_store(redis_url, JobShape(16, 400, fault="missing", hang_after=2.0, mark_every_s=2.0,
+                                    t0=time.time_ns() - 30 * S), job=job)
+    target = parse_url(redis_url)
+    nodes = Nodes(target, target.display())
+    nodes.connect()
+    try:
+        marks = Keys.marks(job, 3)
+        (eid, flat), = nodes.call(marks, "XREVRANGE", marks, "+", "-", "COUNT", 1)
+        ms, k = (int(n) for n in eid.decode().split("-"))
+        fields = dict(zip(flat[::2], flat[1::2], strict=True))
+        # (after the newest mark, at an entry before the stream's top: where a window starts)
+        nodes.call(marks, "XADD", marks, f"{ms + 1}-{k - 50}", "k", str(k - 50), "b", "9" * 18, "x", "0",
+                   "c", fields[b"c"])
+    finally:
+        nodes.close()
+    window = open_source(f"{redis_url}?job={job}", since=Since(at_ns=(ms + 2) * 1_000_000))
+    assert window._last[(3, 0)] == k - 50  # (rank 3 starts at it)
+    try:
+        lines = _line_bytes(redis_url, job, 16)
+        assert 0 < window.backlog_bytes() <= 1.5 * lines
+    finally:
+        window.close()
