@@ -730,7 +730,8 @@ def test_report_of_a_snapshot_on_redis_names_its_store_without_the_password(tmp_
             e["recorder"] = "snapshot"
     snap = str(write_store(tmp_path / "snap", events))
     real = progress.load
-    monkeypatch.setattr(progress, "load", lambda store, shown, since=None: real(snap, shown, since))
+    monkeypatch.setattr(progress, "load", lambda store, shown, since=None, max_memory=None: real(snap, shown, since,
+                                                                                               max_memory))
     capsys.readouterr()
     assert cli(["report", "redis://:hunter2secret@db.example:6379/0"]) == 0
     out = capsys.readouterr().out
