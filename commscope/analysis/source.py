@@ -148,7 +148,8 @@ def _fits(reader: TraceReader, store: str | os.PathLike | None, since: Since | N
     if least <= limit:
         return
     what = since.describe() if since is not None else "all"
-    ago = fitting_window(lambda window: open_source(store, since=window), since, limit)
+    ago = fitting_window(lambda window: open_source(store, since=window), since, limit,
+                         held_asked=stored * MODEL_PER_STORED + MODEL_FLOOR)  # (the window asked: not listed again)
     shorter = (f"try --since {_duration(ago)}" if ago is not None else
                "no window of it fits (its last second reads more: its streams start at\n  segments, or marks, that large, or the limit is about what a model holds empty)")
     raise UsageError(f"{redact(reader.description)}: {what} of it would hold at least {size(least)} in memory\n"

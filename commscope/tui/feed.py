@@ -729,12 +729,16 @@ def first_window(open_at: Callable[[Since | None], TraceReader], since: Since | 
         ago = fitting_window(open_at, since, room, held, floor=0) if held > room else None
         if ago is None and held > room and since.ago_s > TAIL_FLOOR_S:
             # (none fits: the shortest, where it reads less than the window asked; helper-158)
-            floor_reader = open_at(Since(ago_s=TAIL_FLOOR_S))
+            shortest = open_at(Since(ago_s=TAIL_FLOOR_S))
             try:
-                less = floor_reader.backlog_bytes() * MODEL_PER_STORED
-            finally:
-                floor_reader.close()
-            ago = TAIL_FLOOR_S if less <= 0.9 * held else None
+                less = shortest.backlog_bytes() * MODEL_PER_STORED
+            except BaseException:
+                shortest.close()
+                raise
+            if less <= 0.9 * held:
+                reader.close()
+                return shortest, Since(ago_s=TAIL_FLOOR_S), _instead(Since(ago_s=TAIL_FLOOR_S), since)
+            shortest.close()
     except BaseException:
         reader.close()
         raise
@@ -743,7 +747,12 @@ def first_window(open_at: Callable[[Since | None], TraceReader], since: Since | 
         return reader, since, ""
     reader.close()
     shorter = Since(ago_s=ago)
-    return open_at(shorter), shorter, f"{shorter.describe()} of {since.describe().removeprefix('the last ')}"
+    return open_at(shorter), shorter, _instead(shorter, since)
+
+
+def _instead(read: Since, asked: Since) -> str:
+    """What a console read instead of what was asked: "the last 14.4 s of 10 min"."""
+    return f"{read.describe()} of {asked.describe().removeprefix('the last ')}"
 
 
 def tail_span_s(model: TraceModel, budget: int, least_s: float, since_ns: int | None = None,
