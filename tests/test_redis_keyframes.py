@@ -172,6 +172,27 @@ def test_a_keeper_killed_is_started_again_and_goes_on(redis_url, every_02, monke
     assert [f.bytes for f in frames] == [sum(sizes[:f.entry]) for f in frames]
 
 
+def test_a_keeper_holds_no_connection_between_its_passes(redis_url, redis_server, every_02):
+    """A rank's keeper beside its writer would double the job's clients (5,000 ranks past one
+    Redis's maxclients, 10,000 by default): it connects for a pass, and closes after it.  Its
+    connections looked at while its writer writes on: one seen with none to Redis, then
+    keyframes taken after that (it connects again)."""
+    w = RedisWriter(redis_url, "job", 0, {"world_size": 1}, mark_every_s=600)
+    w.write([meta(), begin(7, 1)])
+    beats = Beats(w)
+    beats.until(lambda: len(frames_of(redis_url, "job")) >= 2, "two keyframes")
+    keeper = psutil.Process(w._keeper._child.pid)
+
+    def to_redis() -> list:
+        return [c for c in keeper.net_connections("tcp") if c.raddr and c.raddr[1] == redis_server.port]
+
+    beats.until(lambda: to_redis() == [], "the keeper with no connection to Redis")
+    had = len(frames_of(redis_url, "job"))
+    beats.until(lambda: len(frames_of(redis_url, "job")) >= had + 2, "keyframes after it")
+    w.close()
+    assert all(f.exact for f in frames_of(redis_url, "job"))
+
+
 def test_keyframes_off_start_no_keeper(redis_url, monkeypatch):
     monkeypatch.setenv(keyframes.ENV_EVERY, "off")
     w = RedisWriter(redis_url, "job", 0, {"world_size": 1}, mark_every_s=600)

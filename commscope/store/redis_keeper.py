@@ -8,7 +8,9 @@ stream: a process writing many ranks (``bench scale``) starts one child, not tho
 It reads the store's URL (which may hold a password: never on a command line) and the
 cluster nodes the writer knew on its first two lines of standard input, then a stream's
 ``RANK INCARNATION`` a line, as each writer names its stream, and ends when its input
-ends (the last writer of the process closed, or the process died).
+ends (the last writer of the process closed, or the process died).  It connects for each
+pass over its streams and closes after it: a job's clients are its ranks' writers, not
+twice them.
 """
 
 from __future__ import annotations
@@ -67,9 +69,11 @@ def keep(url: str, job: str, commands: BinaryIO, every_s: float, known: Sequence
                 if stream is not None and stream not in followed:
                     followed[stream] = redis_marks.Framed(job, stream)
             t = now()
+            took = False
             for stream, f in list(followed.items()):
                 if t < f.due:
                     continue
+                took = True
                 try:
                     if not up:
                         nodes.connect()
@@ -89,6 +93,11 @@ def keep(url: str, job: str, commands: BinaryIO, every_s: float, known: Sequence
                     f.due = t + FAILED_WAIT * every_s
                     continue
                 f.due = t + every_s
+            if took:
+                # (no connection held between passes: a rank's keeper beside its writer's would
+                # double a job's clients, and 5,000 ranks would pass one Redis's maxclients;
+                # the slot map is kept, each pass connects again to its streams' nodes)
+                nodes.reset()
     finally:
         nodes.close()
 
