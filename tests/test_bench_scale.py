@@ -57,6 +57,10 @@ def test_bench_scale_finds_the_fault_it_injects(store, fault, device, writers):
     # when the watermark first came within the target, and how far behind it stayed after
     assert re.search(r"caught up \(every stream read past the job's start, within 2 s\)\s+\d+\.\d s after the "
                      r"job's start; from then on median \d+\.\d\d s, p99 \d+\.\d\d s", out), out
+    # ... and how often its header said it was falling behind then, with the unread bytes
+    said = re.search(r'the header said "falling behind" at ([\d,]+) of ([\d,]+) steps from then on\s+\(unread, as '
+                     r"the reader said: median [\d.]+ [KMG]?i?B, most [\d.]+ [KMG]?i?B\)", out)
+    assert said and 0 <= int(said.group(1).replace(",", "")) <= int(said.group(2).replace(",", "")) > 0, out
     # the console's frames: 60 rows, and the heatmap of every rank
     assert re.search(r"frame \(60 timeline rows, from the published view\): median [\d.]+ [mu]?s;\s+its heatmap of "
                      r"every rank \(40 lines\), each frame counted from the last:\s+median [\d.]+ [mu]?s \(target <= "

@@ -77,6 +77,7 @@ from commscope.bench.stats import fmt_time, quantile, t95
 from commscope.commands import options
 from commscope.store import readahead
 from commscope.store.readahead import ReadAhead
+from commscope.units import size
 
 if TYPE_CHECKING:
     from commscope.store import TraceReader
@@ -545,6 +546,10 @@ class Followed:
     settled: int | None  # the first of ``polls`` after the console caught up
     settled_s: float  # seconds from then to the last of them (the follow's end, or a read process lost)
     judging_s: float  # diagnose and publish
+    #: each step with events after the console caught up: whether its header said "falling
+    #: behind" (``FeedInfo.behind``: unread bytes past a poll's budget, or the watermark past
+    #: ``Feed.LAG_SHOWN_S``), and the unread bytes the reader said (``backlog_bytes``)
+    said_behind: list[tuple[bool, int]] = dataclasses.field(default_factory=list)
 
 
 def follow(plan: Plan, fault_ns: int, until: float, writers: int, model_budget: int | None = None) -> Followed:
@@ -604,6 +609,7 @@ def follow(plan: Plan, fault_ns: int, until: float, writers: int, model_budget: 
     settled: int | None = None  # the first of them after the console caught up
     settled_mono = 0.0
     reading, polls_end = feed.reader, None
+    said_behind: list[tuple[bool, int]] = []
     while time.monotonic() < until or (expect is not None and not found_ns and time.monotonic() < hard):
         records, chunks, spent = feed.reader.stats.records, feed.reader.stats.chunks, _spent(feed)
         info, got = feed.step()
@@ -624,6 +630,8 @@ def follow(plan: Plan, fault_ns: int, until: float, writers: int, model_budget: 
             if mark > plan.t_start and wall - mark <= TARGET_LAG_S * S:
                 caught_ns, caught = wall, len(behind)
                 settled, settled_mono = len(polls), time.monotonic()  # (the poll that caught up not among them)
+        if got and caught_ns:
+            said_behind.append((info.behind, info.behind_bytes))
         if got and first_round is None and feed.reader.watermark_ns():
             first_round = wall  # (every stream read once: however soon, not only past the first 3 s)
         if got and feed.model.end_ns and wall > plan.t_start + 3 * S:
@@ -704,7 +712,7 @@ def follow(plan: Plan, fault_ns: int, until: float, writers: int, model_budget: 
         read_process_cpu_s=sum(a.cpu_s for a in aheads) if aheads else None, read_process_lost=lost,
         read_processes=len(ahead.procs) if ahead is not None else 0, ranks_seen=len(feed.model.ranks),
         stacks=stacks_shown, polls=polls, settled=settled, settled_s=settled_s,
-        judging_s=feed.costs.diagnose + feed.costs.publish)
+        judging_s=feed.costs.diagnose + feed.costs.publish, said_behind=said_behind)
 
 
 class Spent(NamedTuple):
@@ -993,7 +1001,6 @@ def memory(plan: Plan, seen: Followed, store: str, stored: Stored) -> str:
     from commscope.store.redis_marks import MARK_EVERY_S
     from commscope.store.segments import segment_bytes_from_env
     from commscope.tui.feed import Feed
-    from commscope.units import size
 
     per_op = seen.model_bytes / max(1, seen.model_ops)
     restarts = f"{seen.restarts} restart(s)" if seen.restarts else "no restart"
@@ -1072,7 +1079,6 @@ def _report_loads(loads: list[NodeLoad], every: float, store: str) -> None:
     from commscope.store import keyframes
     from commscope.store.redis_keys import Keys
     from commscope.store.redis_url import parse_url
-    from commscope.units import size
 
     rate = parse_url(store).rate
     every_frame = keyframes.every_s_from_env()
@@ -1089,13 +1095,16 @@ def _report_loads(loads: list[NodeLoad], every: float, store: str) -> None:
 
 
 # ------------------------------------------------------------------ the suite
-def _store(kind: str, root: str) -> tuple[str, Any]:
+def _store(kind: str, root: str, ranks: int) -> tuple[str, Any]:
+    """The store the job writes: ``root``, or a private Redis taking a client a simulated
+    rank (a writer process holds each one's connection, as a real rank does), past Redis's
+    10,000 by default (16k ranks on one Redis failed to open their streams)."""
     if kind == "directory":
         return root, None
     from commscope.bench.redis_server import RedisCluster, start_redis
 
     if kind == "redis":
-        server = start_redis()
+        server = start_redis(extra={"maxclients": max(10_000, ranks + 1_024)})
         return server.url, server
     cluster = RedisCluster(3).start()
     return cluster.url, cluster
@@ -1192,7 +1201,7 @@ def run(args: argparse.Namespace) -> int:
     if args.ranks < 16:
         raise SystemExit("bench scale: at least 16 ranks (two hosts of 8)")
     root = tempfile.mkdtemp(prefix="commscope-bench-scale-")
-    store, server = _store(args.store, root)
+    store, server = _store(args.store, root, args.ranks)
     seconds = max(args.seconds, args.hang_after * 2 + 6)
     sync = tempfile.mkdtemp(prefix="commscope-bench-scale-sync-")
     plan = Plan(ranks=args.ranks, rate=args.rate, t_start=0, seconds=seconds, fault=args.fault,
@@ -1212,7 +1221,9 @@ def run(args: argparse.Namespace) -> int:
         opened = time.monotonic()
         while len(os.listdir(sync)) < args.writers:  # every stream open
             if not writers.alive() or time.monotonic() - opened > 600:
-                raise SystemExit("bench scale: the writers did not open their streams")
+                why = [r.error.strip().splitlines()[-1] for r in writers.join(10).values() if r.error]
+                raise SystemExit("bench scale: the writers did not open their streams"
+                                 + (f": {why[0]}" if why else ""))
             time.sleep(0.05)
         print(f"  {args.ranks:,} streams opened in {time.monotonic() - opened:.1f} s", flush=True)
         plan = dataclasses.replace(plan, t_start=time.time_ns() + S // 2)
@@ -1291,6 +1302,11 @@ def _report(args: argparse.Namespace, plan: Plan, seconds: float, wrote: list[di
         print(f"    caught up (every stream read past the job's start, within {TARGET_LAG_S:g} s)\n"
               f"    {seen.caught_s:.1f} s after the job's start; from then on "
               + (f"median {median(after):.2f} s, p99 {quantile(after, 0.99):.2f} s" if after else "no sample"))
+        if seen.said_behind:
+            said = sum(b for b, _ in seen.said_behind)
+            unread = [n for _, n in seen.said_behind]
+            print(f'    the header said "falling behind" at {said:,} of {len(unread):,} steps from then on\n'
+                  f"    (unread, as the reader said: median {size(int(median(unread)))}, most {size(max(unread))})")
     if EXPECTED[plan.fault]:
         note = "\n    (a straggler needs its window of late collectives)" if plan.fault in SLOW_HOSTS else ""
         took = f"{found:.1f} s" if found is not None else "NOT FOUND"
