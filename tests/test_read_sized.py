@@ -12,7 +12,12 @@ import psutil
 import pytest
 
 from commscope import memory
-from commscope.analysis.source import MODEL_PER_STORED_LEAST, load_trace, open_source
+from commscope.analysis.source import (
+    MODEL_PER_STORED_LEAST,
+    MODEL_PER_STREAM_LEAST,
+    load_trace,
+    open_source,
+)
 from commscope.analysis.synth import S
 from commscope.bench.synthstore import JobShape, write_store
 from commscope.cli import main as cli
@@ -33,7 +38,7 @@ def store(tmp_path_factory) -> str:
 def _least(store: str, since: Since | None = None) -> float:
     reader = open_source(store, since=since)
     try:
-        return reader.backlog_bytes() * MODEL_PER_STORED_LEAST
+        return reader.backlog_bytes() * MODEL_PER_STORED_LEAST + reader.stream_count() * MODEL_PER_STREAM_LEAST
     finally:
         reader.close()
 
@@ -62,7 +67,7 @@ def test_a_read_that_would_not_fit_is_refused_before_a_byte_is_read(store, monke
         load_trace(store, max_model=int(least) - 1)
     said = str(e.value)
     assert read == []  # (refused before reading)
-    assert "all of it would hold at least" in said and "x 0.2" in said and "--max-memory none" in said
+    assert "all of it would hold at least" in said and "stored x 0.2" in said and "--max-memory none" in said
     # (one segment a stream, no keyframes: a window of its last second reads it whole)
     assert "no window of it fits" in said
     model, _, _ = load_trace(store, max_model=int(least) + 1)  # (it fits: read whole)
@@ -108,6 +113,75 @@ def test_a_long_job_read_whole_is_told_a_window_of_what_fits_not_of_ten_minutes(
     assert 600 < ago < 4000
     model, _, _ = load_trace(root, since=Since(ago_s=ago), max_model=limit)
     assert model.nbytes() <= limit
+
+
+@pytest.fixture(scope="module")
+def wide(tmp_path_factory) -> str:
+    """256 ranks of JSON op events, 400 ops each over the last ~7 minutes, keyframes every
+    second that a stream grew by 8 KiB: a few KB a rank in a short window."""
+    root = str(tmp_path_factory.mktemp("wide") / "store")
+    write_store(root, JobShape(256, 400, fault="missing", hang_after=2.0, rate=1.0, json=True, keyframe_s=1.0,
+                               t0=time.time_ns() - 420 * S), job="wide")
+    return root
+
+
+def test_a_window_said_of_many_ranks_fits_with_what_each_rank_holds(wide):
+    """What a model holds for each rank, whatever its bytes, is counted: at 256 JSON ranks the
+    window said built 8.5 MiB against a 5 MiB limit (helper-158: its stored bytes alone
+    counted, and a JSON rank's columns began at 256 ops, 36 KB).  Each window said, read,
+    fits; a rank of a few ops holds a few KB."""
+    reader = open_source(wide)
+    streams = reader.stream_count()
+    reader.close()
+    assert streams == 256
+    for share in (0.5, 0.9):
+        limit = int(_least(wide) * share)
+        with pytest.raises(UsageError) as e:
+            load_trace(wide, max_model=limit)
+        assert "for each of 256 streams),\n  more than --max-memory" in str(e.value)
+        ago = _said(str(e.value))
+        model, _, _ = load_trace(wide, since=Since(ago_s=ago), max_model=limit)
+        assert len(model.ranks) == 256 and model.nbytes() <= limit, (share, ago, model.nbytes(), limit)
+    few, _, _ = load_trace(wide, since=Since(ago_s=10))
+    assert few.nbytes() / 256 < 16 << 10  # (~9 KB; 36 KB a rank before)
+
+
+class _Streams:
+    """A reader of ``n`` streams that says ``stored`` bytes whatever the window (``fitting_window``)."""
+
+    def __init__(self, n: int, stored: int):
+        self.n, self.stored = n, stored
+
+    def backlog_bytes(self) -> int:
+        return self.stored
+
+    def stream_count(self) -> int:
+        return self.n
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_window_is_sized_with_what_each_of_its_streams_holds():
+    """16k streams of a few KB each: their ranks' columns and rows (~64 MiB), not their
+    stored bytes (~16 MiB of model), decide what fits."""
+    from commscope.analysis.source import fitting_window
+
+    wide = _Streams(16384, 2 << 20)
+    assert fitting_window(lambda since: wide, Since(ago_s=60), 32 << 20) is None
+    assert fitting_window(lambda since: wide, Since(ago_s=60), 32 << 20, per_stream=0) == 60
+    assert fitting_window(lambda since: wide, Since(ago_s=60), 80 << 20) == 60
+
+
+def test_a_read_whose_ranks_alone_would_not_fit_is_refused(wide):
+    """Its stored bytes at the least would fit; its 256 ranks at the least a rank holds would not."""
+    reader = open_source(wide, since=Since(ago_s=10))
+    stored = reader.backlog_bytes()
+    reader.close()
+    limit = int(stored * MODEL_PER_STORED_LEAST) + 256 * MODEL_PER_STREAM_LEAST // 2
+    with pytest.raises(UsageError) as e:
+        load_trace(wide, since=Since(ago_s=10), max_model=limit)
+    assert "would hold at least" in str(e.value) and "256 streams" in str(e.value)
 
 
 @pytest.mark.parametrize("command", ["check", "report", "export"])

@@ -440,6 +440,35 @@ def test_a_redis_followers_backlog_is_asked_of_redis_at_a_bounded_rate(redis_url
     reader.close()
 
 
+def test_a_redis_reader_counts_its_streams_and_none_where_redis_is_away(redis_url):
+    """What a window's model is sized by for each rank (``source.fitting_window``): the job's
+    streams, a shard's of them; 0 where Redis cannot be asked."""
+    import time
+
+    from commscope.analysis.synth import S
+    from commscope.store.base import Shard
+
+    job = "counted"
+    write_store(redis_url, JobShape(24, 8, fault="missing", hang_after=2.0, t0=time.time_ns() - 10 * S), job=job)
+    reader = open_source(f"{redis_url}?job={job}")
+    assert reader.stream_count() == 24
+    part = open_source(f"{redis_url}?job={job}")
+    part.take_shard(Shard(0, 3))
+    assert part.stream_count() == 8
+    part.close()
+    reader.close()
+    from commscope.bench.redis_server import start_redis
+
+    own = start_redis()
+    try:
+        write_store(own.url, JobShape(4, 8, fault="missing", hang_after=2.0), job=job)
+        away = open_source(f"{own.url}?job={job}")
+    finally:
+        own.stop()  # (not listed yet, and Redis gone when asked)
+    assert away.stream_count() == 0
+    away.close()
+
+
 def test_an_inexact_mark_does_not_size_a_redis_window_small(redis_url):
     """A mark whose chain ``maxlen`` broke says the bytes of the entries it read, not of those
     trimmed before it, which its entry number counts: its mean is not an entry's size

@@ -1103,8 +1103,8 @@ class TraceModel:
 
     def _rank(self, r: int) -> RankTrace:
         rt = self.ranks.get(r)
-        if rt is None:
-            rt = self.ranks[r] = RankTrace(r, table=self.table)
+        if rt is None:  # (no columns yet: grown as ops come, 16 rows first, as the records' are sized)
+            rt = self.ranks[r] = RankTrace(r, cap=0, table=self.table)
         return rt
 
     def _record_begins(self, recs: OpRecords, rows: np.ndarray, codes: np.ndarray,

@@ -720,6 +720,12 @@ class TraceReader(abc.ABC):
         0 when the store cannot say."""
         return 0
 
+    def stream_count(self) -> int:
+        """The streams this reader reads, as the store lists them now; 0 where it cannot say.
+        What a model's part that grows with its ranks, whatever their bytes, is sized by
+        (``source.fitting_window``)."""
+        return 0
+
     def close(self) -> None:  # noqa: B027 (a reader without resources has nothing to close)
         pass
 

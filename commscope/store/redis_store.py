@@ -1030,6 +1030,17 @@ class RedisReader(TraceReader):
             entries += max(0, behind if length is None else min(behind, length))
         return int(entries * mean)
 
+    def stream_count(self) -> int:
+        """(``TraceReader.stream_count``) As last listed (``ranks``), else listed now; 0 where
+        Redis is away."""
+        streams = getattr(self, "_streams", None)
+        if streams is None:
+            try:
+                streams = self.ranks()
+            except (OSError, ReplyError, StoreError):
+                return 0
+        return len(streams)
+
     #: Requests a second a follower's ``backlog_bytes`` sends at most (two a stream, then the
     #: figure is kept that long, less what is read meanwhile): asked every second, 16k streams
     #: sent 32k a second for a header.  A reader's: a console's read processes each
