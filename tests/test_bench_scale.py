@@ -26,9 +26,12 @@ def test_bench_scale_finds_the_fault_it_injects(store, fault, device, writers):
     be found.)"""
     if store != "directory":
         require_redis_server()
-    # (the missing rank's run with a model budget it outgrows: it starts again at the tail, live)
+    # (the missing rank's run with a model budget it outgrows: it starts again at the tail,
+    # live; 128 ranks, whose model is past the least budget, 1 MiB, well before the fault)
     budget = ["--model-budget", "1MiB"] if fault == "missing" else []
-    done = subprocess.run([sys.executable, "-m", "commscope", "bench", "scale", "--quick", "--store", store,
+    ranks = 128 if budget else 64
+    size = ["--ranks", "128", "--seconds", "12"] if budget else ["--quick"]
+    done = subprocess.run([sys.executable, "-m", "commscope", "bench", "scale", *size, "--store", store,
                            "--fault", fault, "--writers", str(writers), *(["--device-times"] if device else []),
                            *budget],
                           capture_output=True, text=True, timeout=600, env={**os.environ, "COLUMNS": "200"})
@@ -49,7 +52,7 @@ def test_bench_scale_finds_the_fault_it_injects(store, fault, device, writers):
     # spinning culprit captured nothing)
     shown = re.search(r"its stacks, as last judged: (\d+) of (\d+) culprit\(s\) captured; ([\d,]+) waiting "
                       r"rank\(s\)\s+shown as (\d+) distinct stack", out)
-    expect = {"dead": (0, 1, 63, 1), "host-lost": (0, 8, 56, 1), "missing": (0, 1, 63, 1), "mismatch": (1, 1, 0, 0)}
+    expect = {"dead": (0, 1, 63, 1), "host-lost": (0, 8, 56, 1), "missing": (0, 1, 127, 1), "mismatch": (1, 1, 0, 0)}
     if fault in expect:
         assert shown and tuple(int(x) for x in shown.groups()) == expect[fault], out
     else:
@@ -77,8 +80,8 @@ def test_bench_scale_finds_the_fault_it_injects(store, fault, device, writers):
     assert (model.group(2), past) == (("1.0 MiB", True) if budget else ("1.0 GiB", False)), out
     written = int(re.search(r"written: ([\d,]+) events", out).group(1).replace(",", ""))
     rate = int(re.search(r"the job's: ([\d,]+)\)", out).group(1).replace(",", ""))
-    assert rate == 64 * (25 * (3 if device else 2) + 2)  # (a begin, an end, a done; a heartbeat, a sample)
-    read = int(re.search(r"console: read ([\d,]+) events of 64 ranks", out).group(1).replace(",", ""))
+    assert rate == ranks * (25 * (3 if device else 2) + 2)  # (a begin, an end, a done; a heartbeat, a sample)
+    read = int(re.search(rf"console: read ([\d,]+) events of {ranks} ranks", out).group(1).replace(",", ""))
     assert written > 0 and read >= written  # every event written was read (and the writers' meta lines)
     # each writer process's keeper of keyframes (its streams hold past 32 KiB in a quick run)
     kept = re.search(r"their keepers of keyframes' (\d+)%\s+\((\d+) process\(es\) at the lowest priority", out)

@@ -63,8 +63,9 @@ def test_published_views_keep_their_order_and_their_running_max_only_rises():
         b.sync(0, b.t0 + k * MS, b.t0 + k * MS + MS // 2, "all_reduce")
     events = b.sorted_events()
     m = TraceModel.from_events([e for e in events if e["ts"] < b.t0 + 30 * MS])
+    m.ranks[0].reserve(256)  # (arrays with room to spare: the ops to come are added in place)
     m.view()
-    m.ingest([e for e in events if b.t0 + 30 * MS <= e["ts"] < b.t0 + 65 * MS])  # (arrays with room to spare)
+    m.ingest([e for e in events if b.t0 + 30 * MS <= e["ts"] < b.t0 + 65 * MS])
     v = m.view()
     assert v.ranks[0].n == 51 and len(v.ranks[0].open) == 1
     order, sb, pmax = (a.copy() for a in (v.ranks[0].order_, v.ranks[0].sb, v.ranks[0].pmax))

@@ -13,8 +13,8 @@ import pytest
 
 from commscope import memory
 from commscope.analysis.source import (
+    MODEL_PER_RANK_LEAST,
     MODEL_PER_STORED_LEAST,
-    MODEL_PER_STREAM_LEAST,
     load_trace,
     open_source,
 )
@@ -38,7 +38,7 @@ def store(tmp_path_factory) -> str:
 def _least(store: str, since: Since | None = None) -> float:
     reader = open_source(store, since=since)
     try:
-        return reader.backlog_bytes() * MODEL_PER_STORED_LEAST + reader.stream_count() * MODEL_PER_STREAM_LEAST
+        return reader.backlog_bytes() * MODEL_PER_STORED_LEAST + reader.rank_count() * MODEL_PER_RANK_LEAST
     finally:
         reader.close()
 
@@ -131,14 +131,14 @@ def test_a_window_said_of_many_ranks_fits_with_what_each_rank_holds(wide):
     counted, and a JSON rank's columns began at 256 ops, 36 KB).  Each window said, read,
     fits; a rank of a few ops holds a few KB."""
     reader = open_source(wide)
-    streams = reader.stream_count()
+    streams = reader.rank_count()
     reader.close()
     assert streams == 256
     for share in (0.5, 0.9):
         limit = int(_least(wide) * share)
         with pytest.raises(UsageError) as e:
             load_trace(wide, max_model=limit)
-        assert "for each of 256 streams),\n  more than --max-memory" in str(e.value)
+        assert "for each of 256 ranks),\n  more than --max-memory" in str(e.value)
         ago = _said(str(e.value))
         model, _, _ = load_trace(wide, since=Since(ago_s=ago), max_model=limit)
         assert len(model.ranks) == 256 and model.nbytes() <= limit, (share, ago, model.nbytes(), limit)
@@ -155,7 +155,7 @@ class _Streams:
     def backlog_bytes(self) -> int:
         return self.stored
 
-    def stream_count(self) -> int:
+    def rank_count(self) -> int:
         return self.n
 
     def close(self) -> None:
@@ -169,7 +169,7 @@ def test_a_window_is_sized_with_what_each_of_its_streams_holds():
 
     wide = _Streams(16384, 2 << 20)
     assert fitting_window(lambda since: wide, Since(ago_s=60), 32 << 20) is None
-    assert fitting_window(lambda since: wide, Since(ago_s=60), 32 << 20, per_stream=0) == 60
+    assert fitting_window(lambda since: wide, Since(ago_s=60), 32 << 20, per_rank=0) == 60
     assert fitting_window(lambda since: wide, Since(ago_s=60), 80 << 20) == 60
 
 
@@ -178,10 +178,45 @@ def test_a_read_whose_ranks_alone_would_not_fit_is_refused(wide):
     reader = open_source(wide, since=Since(ago_s=10))
     stored = reader.backlog_bytes()
     reader.close()
-    limit = int(stored * MODEL_PER_STORED_LEAST) + 256 * MODEL_PER_STREAM_LEAST // 2
+    limit = int(stored * MODEL_PER_STORED_LEAST) + 256 * MODEL_PER_RANK_LEAST // 2
     with pytest.raises(UsageError) as e:
         load_trace(wide, since=Since(ago_s=10), max_model=limit)
-    assert "would hold at least" in str(e.value) and "256 streams" in str(e.value)
+    assert "would hold at least" in str(e.value) and "256 ranks" in str(e.value)
+
+
+def test_a_read_whose_ranks_alone_hold_more_than_the_limit_is_told_so(wide):
+    with pytest.raises(UsageError) as e:
+        load_trace(wide, max_model=3 << 19)
+    said = str(e.value)
+    assert "no window of it fits (its 256 ranks hold 4.0 KiB each,\n  2.0 MiB with a model's own" in said, said
+    assert max(map(len, said.splitlines()[1:])) <= 80, said
+
+
+@pytest.mark.parametrize("json", [False, True])
+def test_the_least_a_read_is_said_to_hold_is_no_more_than_its_model(tmp_path, json):
+    """Many ranks of few ops, native and JSON: "at least" is a lower bound, so a limit just
+    above the model is read (helper-159: 2 KiB a rank beside 0.2 a stored byte counted a
+    native rank's bytes twice, and refused 2,048 ranks' 4.8 MiB model at 5.5 MiB)."""
+    root = str(tmp_path / "few")
+    write_store(root, JobShape(1024, 2, fault="missing", hang_after=2.0, json=json), job="few")
+    model, _, _ = load_trace(root)
+    assert _least(root) <= model.nbytes()
+    again, _, _ = load_trace(root, max_model=int(model.nbytes() * 1.05))
+    assert again.nbytes() == model.nbytes()
+
+
+def test_a_ranks_incarnations_are_one_rank_of_the_model(tmp_path):
+    from commscope.store import open_writer
+
+    for rank, incarnation in ((0, 0), (0, 1), (0, 2), (1, 0)):
+        w = open_writer(str(tmp_path), "inc", rank, {"world_size": 2}, incarnation=incarnation)
+        w.write([b'{"type":"heartbeat","ts":1700000000000000000,"v":3,"rank":%d,"inflight":0}' % rank])
+        w.close()
+    reader = open_source(str(tmp_path))
+    try:
+        assert len(reader.streams()) == 4 and reader.rank_count() == 2
+    finally:
+        reader.close()
 
 
 @pytest.mark.parametrize("command", ["check", "report", "export"])

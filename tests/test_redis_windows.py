@@ -451,10 +451,10 @@ def test_a_redis_reader_counts_its_streams_and_none_where_redis_is_away(redis_ur
     job = "counted"
     write_store(redis_url, JobShape(24, 8, fault="missing", hang_after=2.0, t0=time.time_ns() - 10 * S), job=job)
     reader = open_source(f"{redis_url}?job={job}")
-    assert reader.stream_count() == 24
+    assert reader.rank_count() == 24
     part = open_source(f"{redis_url}?job={job}")
     part.take_shard(Shard(0, 3))
-    assert part.stream_count() == 8
+    assert part.rank_count() == 8
     part.close()
     reader.close()
     from commscope.bench.redis_server import start_redis
@@ -465,7 +465,7 @@ def test_a_redis_reader_counts_its_streams_and_none_where_redis_is_away(redis_ur
         away = open_source(f"{own.url}?job={job}")
     finally:
         own.stop()  # (not listed yet, and Redis gone when asked)
-    assert away.stream_count() == 0
+    assert away.rank_count() == 0
     away.close()
 
 

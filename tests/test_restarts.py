@@ -408,14 +408,14 @@ def test_an_earlier_attempt_that_would_not_fit_beside_the_last_is_not_read(tmp_p
     """``check --max-memory``: an earlier attempt is read while the last attempt's model is
     held, so it may hold the limit less that model; one that would hold more is not read, and
     its line says why (``source._fits``), where before it was read whatever it held."""
-    from commscope.analysis.source import MODEL_PER_STORED_LEAST, MODEL_PER_STREAM_LEAST, open_source
+    from commscope.analysis.source import MODEL_PER_RANK_LEAST, MODEL_PER_STORED_LEAST, open_source
     from commscope.bench.synthstore import JobShape, write_store
 
     write_store(str(tmp_path), JobShape(4, 40, fault="missing", hang_after=2.0), job="myrun")
     (tmp_path / "myrun" / "job.json").write_text(json.dumps({"job": "myrun", "attempt": 0}))
     fake_store(tmp_path, "myrun-a1")
     reader = open_source(str(tmp_path / "myrun"))
-    least = int(reader.backlog_bytes() * MODEL_PER_STORED_LEAST + reader.stream_count() * MODEL_PER_STREAM_LEAST)
+    least = int(reader.backlog_bytes() * MODEL_PER_STORED_LEAST + reader.rank_count() * MODEL_PER_RANK_LEAST)
     reader.close()
     held = 1 << 20
     last = SimpleNamespace(ranks={}, nbytes=lambda: held)  # (the last attempt's model, as loaded)

@@ -74,16 +74,17 @@ MODEL_PER_STORED = 0.7
 #: What a model's arrays hold before its ops fill them (an arena block, its tables: ~0.5 MB
 #: at 16-64 ranks), beside what its stored bytes make (``fitting_window``)
 MODEL_FLOOR = 1 << 20
-#: What a model holds for each stream it reads, beside its stored bytes' part (a rank's
-#: columns of 16 ops and its table's row, its id map: 2.5-4.1 KB a rank of a few ops,
-#: native or JSON, against 3.7-5.0 KB of them stored): a second of 16k ranks is ~64 MiB
-#: of model for ~8 MiB stored
-MODEL_PER_STREAM = 4 << 10
+#: What a model holds for each rank it reads, beside its stored bytes' part (its columns of
+#: 16 ops and its table's row, its id map: 2.5-4.1 KB a rank of a few ops, native or JSON,
+#: against 3.7-5.0 KB of them stored; the ranks as the store lists them,
+#: ``TraceReader.rank_count``): a second of 16k ranks is ~64 MiB of model for ~8 MiB stored
+MODEL_PER_RANK = 4 << 10
 #: ... and at least: a read is refused before it starts only where even this much would not
 #: fit (``_fits``)
 MODEL_PER_STORED_LEAST = 0.2
-#: ... and for each stream, at least (a rank of a few ops: 2.5 KB native, more in JSON)
-MODEL_PER_STREAM_LEAST = 2 << 10
+#: ... and for each rank, beside its stored bytes' part, at least (a rank of a few ops:
+#: 1.4-1.5 KB native beside x 0.2 of its bytes, more in JSON)
+MODEL_PER_RANK_LEAST = 1 << 10
 
 
 #: Bytes a load reads per step: the model takes each step's events and columns before the
@@ -145,23 +146,30 @@ def load_trace(store: str | os.PathLike | None, progress: Callable[[Loading], No
 def _fits(reader: TraceReader, store: str | os.PathLike | None, since: Since | None, limit: int) -> None:
     """Raise UsageError, before a byte is read, where what ``reader`` would read (its stored
     bytes from where it starts each stream: ``backlog_bytes``) makes a model of more than
-    ``limit`` bytes even at the least a stored byte and a stream make
-    (``MODEL_PER_STORED_LEAST``, ``MODEL_PER_STREAM_LEAST``): a
+    ``limit`` bytes even at the least a stored byte and a rank make
+    (``MODEL_PER_STORED_LEAST``, ``MODEL_PER_RANK_LEAST``): a
     window of a large job's last half hour is hundreds of GB stored, read for minutes before
     the process ran out of memory.  Says a window that fits at the most a stored byte makes
     (``fitting_window``).  A store that cannot say its bytes (a directory of Flight Recorder dumps:
     0) is read as asked."""
-    stored, streams = reader.backlog_bytes(), reader.stream_count()
-    least = stored * MODEL_PER_STORED_LEAST + streams * MODEL_PER_STREAM_LEAST
+    stored, ranks = reader.backlog_bytes(), reader.rank_count()
+    least = stored * MODEL_PER_STORED_LEAST + ranks * MODEL_PER_RANK_LEAST
     if least <= limit:
         return
     what = since.describe() if since is not None else "all"
     ago = fitting_window(lambda window: open_source(store, since=window), since, limit,  # (the window asked: not listed again)
-                         held_asked=stored * MODEL_PER_STORED + MODEL_FLOOR + streams * MODEL_PER_STREAM)
-    shorter = (f"try --since {_duration(ago)}" if ago is not None else
-               "no window of it fits (its last second reads more: its streams start at\n  segments, or marks, that large, or the limit is about what a model holds empty)")
+                         held_asked=stored * MODEL_PER_STORED + MODEL_FLOOR + ranks * MODEL_PER_RANK)
+    if ago is not None:
+        shorter = f"try --since {_duration(ago)}"
+    elif ranks * MODEL_PER_RANK + MODEL_FLOOR > limit:
+        shorter = (f"no window of it fits (its {ranks:,} ranks hold {size(MODEL_PER_RANK)} each,\n"
+                   f"  {size(ranks * MODEL_PER_RANK + MODEL_FLOOR)} with a model's own, whatever they read)")
+    else:
+        shorter = ("no window of it fits (its last second reads more: its streams start\n  at segments, "
+                   "or marks, that large, or the limit is about what a model\n  holds empty)")
+    ranks_part = f", and {size(MODEL_PER_RANK_LEAST)} for each of {ranks:,} ranks" if ranks else ""
     raise UsageError(f"{redact(reader.description)}: {what} of it would hold at least {size(least)} in memory\n"
-                     f"  ({size(stored)} stored x {MODEL_PER_STORED_LEAST:g}, and {size(MODEL_PER_STREAM_LEAST)} for each of {streams:,} streams),\n"
+                     f"  ({size(stored)} stored x {MODEL_PER_STORED_LEAST:g}{ranks_part}),\n"
                      f"  more than --max-memory {size(limit)}:\n"
                      f"  {shorter},\n  or --max-memory none to read it anyway")
 
@@ -172,10 +180,10 @@ WHOLE_TRIED_S = 600.0
 
 def fitting_window(open_at: Callable[[Since], TraceReader], since: Since | None, limit: float,
                    held_asked: float | None = None, floor: float = MODEL_FLOOR,
-                   per_stream: float = MODEL_PER_STREAM) -> float | None:
+                   per_rank: float = MODEL_PER_RANK) -> float | None:
     """The longest window back from the end (seconds) found whose model fits ``limit`` at
     the most a stored byte makes (``MODEL_PER_STORED``, and ``floor``: ``MODEL_FLOOR``, and
-    ``per_stream`` for each stream it reads: ``MODEL_PER_STREAM``), each window
+    ``per_rank`` for each rank it reads: ``MODEL_PER_RANK``), each window
     opened (``open_at``) and its stored bytes looked at, from where it starts each stream:
     from the window asked (``held_asked``: what its model would hold, where the caller
     knows; a whole read, or one from a time: ten minutes, longer while they fit), made
@@ -187,7 +195,7 @@ def fitting_window(open_at: Callable[[Since], TraceReader], since: Since | None,
     def held(ago: float) -> float:
         reader = open_at(Since(ago_s=ago))
         try:
-            return reader.backlog_bytes() * MODEL_PER_STORED + floor + (reader.stream_count() * per_stream if per_stream else 0)
+            return reader.backlog_bytes() * MODEL_PER_STORED + floor + (reader.rank_count() * per_rank if per_rank else 0)
         finally:
             reader.close()
 

@@ -1221,7 +1221,7 @@ def run(args: argparse.Namespace) -> int:
         opened = time.monotonic()
         while len(os.listdir(sync)) < args.writers:  # every stream open
             if not writers.alive() or time.monotonic() - opened > 600:
-                why = [r.error.strip().splitlines()[-1] for r in writers.join(10).values() if r.error]
+                why = [r.error.strip().splitlines()[-1] for r in writers.join(10).values() if r.error and r.error.strip()]
                 raise SystemExit("bench scale: the writers did not open their streams"
                                  + (f": {why[0]}" if why else ""))
             time.sleep(0.05)

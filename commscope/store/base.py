@@ -720,9 +720,10 @@ class TraceReader(abc.ABC):
         0 when the store cannot say."""
         return 0
 
-    def stream_count(self) -> int:
-        """The streams this reader reads, as the store lists them now; 0 where it cannot say.
-        What a model's part that grows with its ranks, whatever their bytes, is sized by
+    def rank_count(self) -> int:
+        """The ranks whose streams this reader reads, as the store lists them now (a rank's
+        incarnations one: the model holds a rank once); 0 where it cannot say.  What a
+        model's part that grows with its ranks, whatever their bytes, is sized by
         (``source.fitting_window``)."""
         return 0
 

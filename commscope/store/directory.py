@@ -1127,8 +1127,8 @@ class DirectoryReader(TraceReader):
         return sum(sum(sizes) - min(sizes[0], self._read_of.get((stream, cur), 0))
                    for stream, (cur, sizes) in self._window(rest).items())
 
-    def stream_count(self) -> int:
-        return len(self.streams())
+    def rank_count(self) -> int:
+        return len({rank for rank, _ in self.streams()})
 
     def _tail(self, stream: Stream, segs: list[Segment]) -> tuple[Segment, str, int] | None:
         """The stream's tail (``_tails``) while it is still in its newest segment, else None."""

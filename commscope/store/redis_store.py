@@ -1030,8 +1030,8 @@ class RedisReader(TraceReader):
             entries += max(0, behind if length is None else min(behind, length))
         return int(entries * mean)
 
-    def stream_count(self) -> int:
-        """(``TraceReader.stream_count``) As last listed (``ranks``), else listed now; 0 where
+    def rank_count(self) -> int:
+        """(``TraceReader.rank_count``) As last listed (``ranks``), else listed now; 0 where
         Redis is away."""
         streams = getattr(self, "_streams", None)
         if streams is None:
@@ -1039,7 +1039,7 @@ class RedisReader(TraceReader):
                 streams = self.ranks()
             except (OSError, ReplyError, StoreError):
                 return 0
-        return len(streams)
+        return len({rank for rank, _ in streams})
 
     #: Requests a second a follower's ``backlog_bytes`` sends at most (two a stream, then the
     #: figure is kept that long, less what is read meanwhile): asked every second, 16k streams

@@ -726,7 +726,7 @@ def first_window(open_at: Callable[[Since | None], TraceReader], since: Since | 
     try:
         held = reader.backlog_bytes() * MODEL_PER_STORED
         # (no floor: the budget's last quarter is the model's room to grow)
-        ago = fitting_window(open_at, since, room, held, floor=0, per_stream=0) if held > room else None
+        ago = fitting_window(open_at, since, room, held, floor=0, per_rank=0) if held > room else None
         if ago is None and held > room and since.ago_s > TAIL_FLOOR_S:
             # (none fits: the shortest, where it reads less than the window asked; helper-158)
             shortest = open_at(Since(ago_s=TAIL_FLOOR_S))
