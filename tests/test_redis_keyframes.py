@@ -172,23 +172,30 @@ def test_a_keeper_killed_is_started_again_and_goes_on(redis_url, every_02, monke
     assert [f.bytes for f in frames] == [sum(sizes[:f.entry]) for f in frames]
 
 
-def test_a_keeper_holds_no_connection_between_its_passes(redis_url, redis_server, every_02):
-    """A rank's keeper beside its writer would double the job's clients (5,000 ranks past one
-    Redis's maxclients, 10,000 by default): it connects for a pass, and closes after it.  Its
-    connections looked at while its writer writes on: one seen with none to Redis, then
-    keyframes taken after that (it connects again)."""
-    w = RedisWriter(redis_url, "job", 0, {"world_size": 1}, mark_every_s=600)
-    w.write([meta(), begin(7, 1)])
+@pytest.mark.parametrize("wide", [False, True])
+def test_a_wide_jobs_keeper_holds_no_connection_between_its_passes(redis_url, redis_server, every_02, monkeypatch,
+                                                                    wide):
+    """A rank's keeper beside its writer doubles the job's clients: past ``HOLD_UP_TO`` ranks
+    (5,000 would pass one Redis's maxclients, 10,000 by default) it connects for a pass and
+    closes after it; a narrower job's keeper holds its connection (a connect a pass costs
+    Redis ~0.1 ms).  Its connections looked at while its writer writes on."""
+    monkeypatch.setattr(redis_keeper, "HOLD_UP_TO", 1 if wide else 2)
+    w = RedisWriter(redis_url, "job", 0, {"world_size": 2}, mark_every_s=600)
+    w.write([meta(0, 2), begin(7, 1)])
     beats = Beats(w)
     beats.until(lambda: len(frames_of(redis_url, "job")) >= 2, "two keyframes")
     keeper = psutil.Process(w._keeper._child.pid)
 
     def to_redis() -> list:
-        return [c for c in keeper.net_connections("tcp") if c.raddr and c.raddr[1] == redis_server.port]
+        return [c.laddr for c in keeper.net_connections("tcp") if c.raddr and c.raddr[1] == redis_server.port]
 
-    beats.until(lambda: to_redis() == [], "the keeper with no connection to Redis")
+    if wide:
+        beats.until(lambda: to_redis() == [], "the keeper with no connection to Redis")
+    held = to_redis()
     had = len(frames_of(redis_url, "job"))
     beats.until(lambda: len(frames_of(redis_url, "job")) >= had + 2, "keyframes after it")
+    if not wide:  # (the same connection, across passes)
+        assert len(held) == 1 and to_redis() == held
     w.close()
     assert all(f.exact for f in frames_of(redis_url, "job"))
 

@@ -8,9 +8,10 @@ stream: a process writing many ranks (``bench scale``) starts one child, not tho
 It reads the store's URL (which may hold a password: never on a command line) and the
 cluster nodes the writer knew on its first two lines of standard input, then a stream's
 ``RANK INCARNATION`` a line, as each writer names its stream, and ends when its input
-ends (the last writer of the process closed, or the process died).  It connects for each
-pass over its streams and closes after it: a job's clients are its ranks' writers, not
-twice them.
+ends (the last writer of the process closed, or the process died).  It holds a connection
+where the job is narrow enough (``HOLD_UP_TO`` ranks); in a wider one it connects for each
+pass over its streams and closes after it: a job's clients are then its ranks' writers,
+not twice them, at the cost of a connection a pass (~0.1 ms of Redis's CPU).
 """
 
 from __future__ import annotations
@@ -35,6 +36,13 @@ from commscope.store.segments import MAX_RANK
 #: replayed) is looked at again this many periods later, the others going on meanwhile
 FAILED_WAIT = 30
 
+#: The widest job whose keepers hold a connection each: 4,096 ranks with their writers,
+#: 8,192 clients, within Redis's 10,000 by default.  Past it a keeper connects for each
+#: pass: at 16k ranks, ~8,000 connects a second over the job's masters (~0.1 ms of a
+#: master's CPU each, measured with a password, 0.09 without), where holding would pass
+#: maxclients on three masters.
+HOLD_UP_TO = 4096
+
 
 _WRONG_TYPE = re.compile(r"(?:^|: )WRONGTYPE ")
 
@@ -47,12 +55,13 @@ def wrong_type(exc: Exception) -> bool:
 
 
 def keep(url: str, job: str, commands: BinaryIO, every_s: float, known: Sequence[tuple[str, int]] = (),
-         now: Callable[[], float] = time.monotonic) -> int:
+         now: Callable[[], float] = time.monotonic, hold: bool = True) -> int:
     """The keeper's loop: follow the streams the writers name on ``commands`` (``follow``) and
     take each one's next keyframe every ``every_s`` (``redis_marks.frame``), until
     ``commands`` ends.  Redis away: every stream tried again half a period later; refusing
     (out of memory, a cluster failing over, a read-only replica): the stream tried again a
-    period later.  A key that is not a stream (WRONGTYPE) is no longer followed."""
+    period later.  A key that is not a stream (WRONGTYPE) is no longer followed.  ``hold``
+    False: no connection held between passes (``HOLD_UP_TO``)."""
     target = parse_url(url)
     nodes = Nodes(target, target.display())
     nodes.know(known)
@@ -93,10 +102,9 @@ def keep(url: str, job: str, commands: BinaryIO, every_s: float, known: Sequence
                     f.due = t + FAILED_WAIT * every_s
                     continue
                 f.due = t + every_s
-            if took:
-                # (no connection held between passes: a rank's keeper beside its writer's would
-                # double a job's clients, and 5,000 ranks would pass one Redis's maxclients;
-                # the slot map is kept, each pass connects again to its streams' nodes)
+            if took and not hold:
+                # (a wide job's keeper beside its rank's writer would double the job's clients:
+                # past maxclients; the slot map is kept, each pass connects again)
                 nodes.reset()
     finally:
         nodes.close()
@@ -112,12 +120,15 @@ def named(line: bytes) -> Stream | None:
     return stream if line == b"%d %d" % stream and stream[0] <= MAX_RANK and Keys.parse_member(Keys.member(*stream)) else None
 
 
-def keeper(url: str, job: str, every_s: float, known: Sequence[tuple[str, int]] = ()) -> children.Keeper:
+def keeper(url: str, job: str, every_s: float, known: Sequence[tuple[str, int]] = (), world: int = 1
+           ) -> children.Keeper:
     """The writing process's keeper of ``job``'s keyframes in the store at ``url`` (``keep`` in a
     child), told the URL and the cluster nodes the writer knows (not part of what makes it
-    this process's one: writers that learnt other nodes share it)."""
+    this process's one: writers that learnt other nodes share it); for a job of ``world``
+    ranks, past ``HOLD_UP_TO`` holding no connection between its passes."""
     nodes = " ".join(f"{h}:{p}" for h, p in sorted(known)[:64])
-    return children.Keeper.of("commscope.store.redis_keeper", job, repr(every_s), secret=url.encode(),
+    hold = "hold" if world <= HOLD_UP_TO else "close"
+    return children.Keeper.of("commscope.store.redis_keeper", job, repr(every_s), hold, secret=url.encode(),
                               preamble=f"{url}\n{nodes}\n".encode())
 
 
@@ -127,9 +138,9 @@ def follow(keeper: children.Keeper, stream: Stream) -> None:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 2:
-        print("usage: python -m commscope.store.redis_keeper JOB EVERY_S  (on standard input: the store URL, "
-              "the nodes known, then the streams)", file=sys.stderr)
+    if len(argv) != 3 or argv[2] not in ("hold", "close"):
+        print("usage: python -m commscope.store.redis_keeper JOB EVERY_S hold|close  (on standard input: the "
+              "store URL, the nodes known, then the streams)", file=sys.stderr)
         return 2
     head = b""
     while head.count(b"\n") < 2:
@@ -140,7 +151,7 @@ def main(argv: list[str]) -> int:
     url, nodes = head.decode().split("\n")[:2]
     known = [a for a in map(redis_marks.address, nodes.split()) if a]
     with contextlib.suppress(KeyboardInterrupt, BrokenPipeError):
-        return keep(url.strip(), argv[0], sys.stdin.buffer, float(argv[1]), known)
+        return keep(url.strip(), argv[0], sys.stdin.buffer, float(argv[1]), known, hold=argv[2] == "hold")
     return 0
 
 

@@ -670,7 +670,7 @@ class RedisWriter:
             self._unframed += sum(map(len, lines))
             if self._unframed < keyframes.FOLLOW_AFTER or self.keyframe_s is None:
                 return
-            self._keeper = redis_keeper.keeper(self._url, self.job, self.keyframe_s, self._nodes.known())
+            self._keeper = redis_keeper.keeper(self._url, self.job, self.keyframe_s, self._nodes.known(), self._world)
             redis_keeper.follow(self._keeper, (self.rank, self.incarnation))
             self._keeper_check = time.monotonic() + keyframes.CHECK_S
         elif (now := time.monotonic()) >= self._keeper_check:
