@@ -101,6 +101,23 @@ def _ahead(store: str, pacing: readahead.Pacing = PACING, processes: int = 1) ->
 
 
 
+def test_a_read_process_s_backlog_counts_what_it_read_since_it_measured_it(tmp_path):
+    """The backlog is measured at most every twenty polls' time: what was read since counts
+    against it (a restart's window, read in a few polls, said "falling behind" for
+    seconds after, in 20% of the steps of a 1,024-rank console on Redis)."""
+    store = str(tmp_path / "live")
+    job = _Job(store, _lines(tmp_path))
+    job.write(1.0)
+    job.close()
+    ahead = _ahead(store, PACING._replace(budget=16 << 10, backlog_s=3600.0))  # (measured once)
+    feed = Feed(ahead, hang_after=10.0)
+    _until(feed, lambda: ahead.backlog_bytes() > 0)
+    first = ahead.backlog_bytes()
+    _until(feed, lambda: ahead.backlog_bytes() < first)
+    want = _reference(store)
+    _until(feed, lambda: feed.model.events == want[0] and ahead.backlog_bytes() == 0)
+
+
 @pytest.mark.parametrize("processes", [1, 3])
 def test_a_console_reading_ahead_holds_what_one_reading_in_its_own_process_holds(tmp_path, processes):
     """Half of a native job written, followed; the rest written, followed: the console's

@@ -535,6 +535,7 @@ def main() -> int:
     sent = ReadStats()  # the reader's stats as the console holds them (``ReadStats.changes``)
     first = None
     backlog, next_backlog = 0, 0.0
+    backlog_read = 0  # (the reader's bytes read when the backlog was measured)
     quiet_since = time.monotonic()  # (since when polls brought nothing)
     while True:
         began = time.monotonic()
@@ -564,7 +565,7 @@ def main() -> int:
                 error = str(exc) or type(exc).__name__
             if reader is not None and error is None and began >= next_backlog:
                 try:
-                    backlog = reader.backlog_bytes()
+                    backlog, backlog_read = reader.backlog_bytes(), reader.stats.bytes
                 except Exception:  # (kept as it was: a backlog is for a header, not worth a batch)
                     pass
                 done = time.monotonic()
@@ -576,7 +577,10 @@ def main() -> int:
             else:
                 changes = reader.stats.changes(sent)
                 sent.take(changes)
-                polled = Polled(batch, changes, reader.watermark_ns(), backlog, cut, error, time.process_time(),
+                # (measured at most every twenty polls' time: less what was read since, or a
+                # restart's window, read in a few polls, said "falling behind" for seconds after)
+                behind = max(0, backlog - (reader.stats.bytes - backlog_read))
+                polled = Polled(batch, changes, reader.watermark_ns(), behind, cut, error, time.process_time(),
                                 reader.job_name(), reader.window_start_ns(), reader.job(), started_rss=started_rss)
             try:
                 bulkread.send(stdout, polled.sent())
