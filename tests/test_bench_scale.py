@@ -90,6 +90,9 @@ def test_bench_scale_finds_the_fault_it_injects(store, fault, device, writers):
     if store.startswith("redis"):  # each master's requests, Redis's own count: the job's streams over all three
         assert len(nodes) == (3 if store == "redis-cluster" else 1), out
         assert all(int(a.replace(",", "")) > 0 and int(r.replace(",", "")) > 0 for _, a, r in nodes), out
+        # the clients a real job of as many ranks would hold: a writer and a keeper a rank
+        assert "a real job of 64 ranks (a process each; here a writer process is many):\n    128 clients over " \
+               "the nodes, a writer a rank and its keeper of keyframes" in out, out
     else:
         assert not nodes and "store requests" not in out, out
 
@@ -456,3 +459,21 @@ def test_heat_frames_count_as_a_fresh_count_does_and_every_other_one_again_from_
     finally:
         painter.rows_levels = original
     assert pairs == 9
+
+
+def test_the_clients_of_a_real_job_are_said_with_its_keepers_connects_past_the_hold(capsys, monkeypatch):
+    """A real job's ranks are a process each (the bench's writer process is many): a writer
+    and a keeper a rank up to ``HOLD_UP_TO`` ranks, past it a writer a rank and a connect a
+    keeper a pass."""
+    from commscope.bench.scale import _report_loads
+    from commscope.store import keyframes
+
+    monkeypatch.delenv(keyframes.ENV_EVERY, raising=False)  # (a keyframe every 2 s)
+    _report_loads([], 0.66, "redis://127.0.0.1:1/0", 16384)
+    wide = " ".join(capsys.readouterr().out.split())
+    assert ("a real job of 16,384 ranks (a process each; here a writer process is many): 16,384 clients over the "
+            "nodes, a writer a rank; its keepers connect for each pass (past 4,096 ranks), ~8,192 connects/s over "
+            "the nodes") in wide, wide
+    _report_loads([], 0.05, "redis://127.0.0.1:1/0", 4096)
+    narrow = " ".join(capsys.readouterr().out.split())
+    assert "8,192 clients over the nodes, a writer a rank and its keeper of keyframes" in narrow, narrow

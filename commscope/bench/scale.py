@@ -1073,10 +1073,11 @@ def _wrapped(text: str) -> str:
     return textwrap.fill(text, width=78, initial_indent="    ", subsequent_indent="    ")
 
 
-def _report_loads(loads: list[NodeLoad], every: float, store: str) -> None:
+def _report_loads(loads: list[NodeLoad], every: float, store: str, ranks: int) -> None:
     """Requests per second per Redis node, and what bounds them: how often a rank appends
-    (``every``: its writer's pace, the store URL's ``rate=``)."""
-    from commscope.store import keyframes
+    (``every``: its writer's pace, the store URL's ``rate=``); and the clients a job of
+    ``ranks`` ranks, each its own process, would hold (here a writer process holds many)."""
+    from commscope.store import keyframes, redis_keeper
     from commscope.store.redis_keys import Keys
     from commscope.store.redis_url import parse_url
 
@@ -1092,6 +1093,13 @@ def _report_loads(loads: list[NodeLoad], every: float, store: str) -> None:
               "" if every_frame is None else
               f"; a keyframe of a rank (an XRANGE and a script, in\n    other) at most every {every_frame:g} s "
               f"that its stream grew by {size(keyframes.MIN_BYTES)}"))
+    if every_frame is not None:
+        held = ranks <= redis_keeper.HOLD_UP_TO
+        print(f"    a real job of {ranks:,} ranks (a process each; here a writer process is many):\n"
+              f"    {ranks * (2 if held else 1):,} clients over the nodes, a writer a rank"
+              + (" and its keeper of keyframes" if held else
+                 f";\n    its keepers connect for each pass (past {redis_keeper.HOLD_UP_TO:,} ranks), "
+                 f"~{ranks / every_frame:,.0f} connects/s\n    over the nodes"))
 
 
 # ------------------------------------------------------------------ the suite
@@ -1274,7 +1282,7 @@ def _report(args: argparse.Namespace, plan: Plan, seconds: float, wrote: list[di
     print(f"  written: {events:,} events; {rate:,.0f} events/s before the fault (the job's: {want:,.0f});\n"
           f"    writers' CPU {writer_cpu / wall * 100:.0f}% of a core{kept}")
     if loads:
-        _report_loads(loads, max(x["every"] for x in wrote), plan.store)
+        _report_loads(loads, max(x["every"] for x in wrote), plan.store, plan.ranks)
     read = seen.read_process_cpu_s
     procs = seen.read_processes
     which = "its read process, which makes" if procs == 1 else \
