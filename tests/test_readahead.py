@@ -118,6 +118,25 @@ def test_a_read_process_s_backlog_counts_what_it_read_since_it_measured_it(tmp_p
     _until(feed, lambda: feed.model.events == want[0] and ahead.backlog_bytes() == 0)
 
 
+def test_a_backlog_read_down_is_measured_again_where_it_would_say_the_reader_caught_up():
+    """Between measures the figure is less what was read since; where that says the reader
+    came under a poll's budget from above, it is measured again once ``backlog_s`` passed
+    (helper-160: a reader the writes kept 11 MiB behind said 0), and no sooner; a figure
+    still above the budget waits for the measures' pace (twenty times what one took)."""
+    pacing = PACING._replace(budget=8 << 20, backlog_s=1.0)
+    b = readahead.Backlog()
+    assert b.due(0.0, 0, pacing)
+    b.measured(11 << 20, 0, 0.0, 0.5, pacing)  # (the measure took half a second: the next in 10 s)
+    assert b.said(2 << 20) == 9 << 20 and not b.due(5.0, 2 << 20, pacing)  # (above the budget: at its pace)
+    assert b.said(8 << 20) == 3 << 20
+    assert not b.due(1.4, 8 << 20, pacing)  # (under it, from above: again once backlog_s passed)
+    assert b.due(1.5, 8 << 20, pacing)
+    b.measured(11 << 20, 8 << 20, 1.5, 1.6, pacing)  # (the writes kept it behind)
+    assert b.said(8 << 20) == 11 << 20 and b.said(30 << 20) == 0
+    b.measured(1 << 20, 0, 20.0, 20.01, pacing)  # (caught up: under the budget, at the pace)
+    assert not b.due(21.0, 1 << 20, pacing) and b.due(21.01, 1 << 20, pacing)
+
+
 @pytest.mark.parametrize("processes", [1, 3])
 def test_a_console_reading_ahead_holds_what_one_reading_in_its_own_process_holds(tmp_path, processes):
     """Half of a native job written, followed; the rest written, followed: the console's

@@ -516,6 +516,35 @@ def die_with(console: int) -> bool:
     return os.getppid() == console
 
 
+class Backlog:
+    """What a read process says of its reader's backlog (``main``).  Measured at most every
+    twenty times what a poll and the measure took (``Pacing.backlog_s`` at least: a stat of
+    every stream not at its end, two requests of each on Redis); between, the figure less
+    what was read since: a restart's window, read in a few polls, said "falling behind" for
+    seconds after (14-38 of 141-192 steps at 1k ranks on Redis).  What was written meanwhile
+    is not in it, so where it says the reader came under a poll's budget from above, it is
+    measured again once ``backlog_s`` passed (helper-160: a reader kept behind by the writes
+    said 0 until then)."""
+
+    def __init__(self) -> None:
+        self.bytes = 0  # as last measured
+        self.read_then = 0  # the reader's bytes read then
+        self.at = float("-inf")  # when (``time.monotonic``)
+        self.next_at = 0.0  # the next measure, at the latest pace
+
+    def said(self, read: int) -> int:
+        """The backlog to say, the reader having read ``read`` bytes."""
+        return max(0, self.bytes - (read - self.read_then))
+
+    def due(self, now: float, read: int, pacing: Pacing) -> bool:
+        return now >= self.next_at or (self.said(read) <= pacing.budget < self.bytes
+                                       and now >= self.at + pacing.backlog_s)
+
+    def measured(self, backlog: int, read: int, began: float, done: float, pacing: Pacing) -> None:
+        self.bytes, self.read_then, self.at = backlog, read, done
+        self.next_at = done + max(pacing.backlog_s, 20 * (done - began))
+
+
 def main() -> int:
     """The child: what to read from stdin, then batches to stdout until stdin ends."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # (the console's to handle; stdin's end stops this)
@@ -534,8 +563,7 @@ def main() -> int:
     reader: TraceReader | None = None
     sent = ReadStats()  # the reader's stats as the console holds them (``ReadStats.changes``)
     first = None
-    backlog, next_backlog = 0, 0.0
-    backlog_read = 0  # (the reader's bytes read when the backlog was measured)
+    backlog = Backlog()
     quiet_since = time.monotonic()  # (since when polls brought nothing)
     while True:
         began = time.monotonic()
@@ -563,24 +591,20 @@ def main() -> int:
             except Exception as exc:  # (a store gone, a connection refused ...: said, and tried again)
                 first = None
                 error = str(exc) or type(exc).__name__
-            if reader is not None and error is None and began >= next_backlog:
+            if reader is not None and error is None and backlog.due(began, reader.stats.bytes, pacing):
                 try:
-                    backlog, backlog_read = reader.backlog_bytes(), reader.stats.bytes
+                    backlog.measured(reader.backlog_bytes(), reader.stats.bytes, began, time.monotonic(), pacing)
                 except Exception:  # (kept as it was: a backlog is for a header, not worth a batch)
                     pass
-                done = time.monotonic()
-                next_backlog = done + max(pacing.backlog_s, 20 * (done - began))
             brought = batch.count()
             if reader is None:  # (the store not opened yet: nothing to say of it)
-                polled = Polled(batch, ReadStats(), 0, backlog, cut, error, time.process_time(), None,
+                polled = Polled(batch, ReadStats(), 0, 0, cut, error, time.process_time(), None,
                                 started_rss=started_rss)
             else:
                 changes = reader.stats.changes(sent)
                 sent.take(changes)
-                # (measured at most every twenty polls' time: less what was read since, or a
-                # restart's window, read in a few polls, said "falling behind" for seconds after)
-                behind = max(0, backlog - (reader.stats.bytes - backlog_read))
-                polled = Polled(batch, changes, reader.watermark_ns(), behind, cut, error, time.process_time(),
+                polled = Polled(batch, changes, reader.watermark_ns(), backlog.said(reader.stats.bytes), cut, error,
+                                time.process_time(),
                                 reader.job_name(), reader.window_start_ns(), reader.job(), started_rss=started_rss)
             try:
                 bulkread.send(stdout, polled.sent())
