@@ -512,3 +512,13 @@ def test_a_key_of_another_type_is_told_as_redis_6_and_7_say_it(redis_url):
         "holding the wrong kind of value"))
     assert not redis_keeper.wrong_type(ReplyError("OOM command not allowed when used memory > 'maxmemory'."))
     assert not redis_keeper.wrong_type(ReplyError("ERR no WRONGTYPEs here"))
+
+
+@pytest.mark.parametrize("argv, code", [(["job", "0.2", "hold"], 0), (["job", "0.2", "close"], 0),
+                                        (["job", "0.2"], 0), (["job", "0.2", "maybe"], 2), (["job"], 2)])
+def test_a_keeper_s_command_line_is_read_strictly_and_an_older_writer_s_still_starts_one(argv, code, monkeypatch):
+    """A writer of before the hold (a job running while the package was upgraded under it)
+    starts its keeper with two arguments: it holds its connection, as then (helper-160: it
+    exited 2 every 30 s and the job took no keyframes, silently)."""
+    monkeypatch.setattr(redis_keeper.os, "read", lambda fd, n: b"")  # (its standard input ended at once)
+    assert redis_keeper.main(argv) == code

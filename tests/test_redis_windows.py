@@ -440,6 +440,28 @@ def test_a_redis_followers_backlog_is_asked_of_redis_at_a_bounded_rate(redis_url
     reader.close()
 
 
+@pytest.mark.parametrize("ranks, ops", [(256, 3), (8, 2048)])
+def test_the_least_a_redis_read_is_said_to_hold_is_no_more_than_its_model(redis_url, ranks, ops):
+    """Before anything is read, a Redis reader's bytes are an estimate from ``MEMORY USAGE``,
+    up to 2.45x the lines of short streams: the least it may be sizes a refusal
+    (helper-160: 1.1-1.2x the model said "at least", and a read at 1.05x the model refused)."""
+    from commscope.analysis.source import MODEL_PER_RANK_LEAST, MODEL_PER_STORED_LEAST
+
+    job = f"least{ranks}"
+    url = f"{redis_url}?job={job}"
+    write_store(redis_url, JobShape(ranks, ops, fault="missing", hang_after=2.0), job=job)
+    model, _, _ = load_trace(url)
+    reader = open_source(url)
+    try:
+        assert reader.least_backlog_bytes() < reader.backlog_bytes()  # (estimated: nothing read, no mark)
+        least = reader.least_backlog_bytes() * MODEL_PER_STORED_LEAST + reader.rank_count() * MODEL_PER_RANK_LEAST
+    finally:
+        reader.close()
+    assert least <= model.nbytes()
+    again, _, _ = load_trace(url, max_model=int(model.nbytes() * 1.05))
+    assert again.nbytes() == model.nbytes()
+
+
 def test_a_redis_reader_counts_its_streams_and_none_where_redis_is_away(redis_url):
     """What a window's model is sized by for each rank (``source.fitting_window``): the job's
     streams, a shard's of them; 0 where Redis cannot be asked."""

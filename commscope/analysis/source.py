@@ -152,18 +152,21 @@ def _fits(reader: TraceReader, store: str | os.PathLike | None, since: Since | N
     the process ran out of memory.  Says a window that fits at the most a stored byte makes
     (``fitting_window``).  A store that cannot say its bytes (a directory of Flight Recorder dumps:
     0) is read as asked."""
-    stored, ranks = reader.backlog_bytes(), reader.rank_count()
+    stored, ranks = reader.least_backlog_bytes(), reader.rank_count()
     least = stored * MODEL_PER_STORED_LEAST + ranks * MODEL_PER_RANK_LEAST
     if least <= limit:
         return
     what = since.describe() if since is not None else "all"
     ago = fitting_window(lambda window: open_source(store, since=window), since, limit,  # (the window asked: not listed again)
-                         held_asked=stored * MODEL_PER_STORED + MODEL_FLOOR + ranks * MODEL_PER_RANK)
+                         held_asked=reader.backlog_bytes() * MODEL_PER_STORED + MODEL_FLOOR + ranks * MODEL_PER_RANK)
     if ago is not None:
         shorter = f"try --since {_duration(ago)}"
-    elif ranks * MODEL_PER_RANK + MODEL_FLOOR > limit:
-        shorter = (f"no window of it fits (its {ranks:,} ranks hold {size(MODEL_PER_RANK)} each,\n"
-                   f"  {size(ranks * MODEL_PER_RANK + MODEL_FLOOR)} with a model's own, whatever they read)")
+    elif ranks * MODEL_PER_RANK_LEAST > limit:
+        shorter = (f"no window of it fits (its {ranks:,} ranks hold at least {size(MODEL_PER_RANK_LEAST)} each,\n"
+                   f"  {size(ranks * MODEL_PER_RANK_LEAST)}, whatever they read)")
+    elif ranks * MODEL_PER_RANK > limit:
+        shorter = (f"no window of it is sure to fit (its {ranks:,} ranks may hold up to {size(MODEL_PER_RANK)}\n"
+                   f"  each, {size(ranks * MODEL_PER_RANK)}, whatever they read)")
     else:
         shorter = ("no window of it fits (its last second reads more: its streams start\n  at segments, "
                    "or marks, that large, or the limit is about what a model\n  holds empty)")

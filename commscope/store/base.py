@@ -720,6 +720,12 @@ class TraceReader(abc.ABC):
         0 when the store cannot say."""
         return 0
 
+    def least_backlog_bytes(self) -> int:
+        """The least ``backlog_bytes`` may be: the same where the store says its bytes; the
+        low end of an estimate's (``RedisReader``).  What a read is refused by
+        (``source._fits``): only where even this much would not fit."""
+        return self.backlog_bytes()
+
     def rank_count(self) -> int:
         """The ranks whose streams this reader reads, as the store lists them now (a rank's
         incarnations one: the model holds a rank once); 0 where it cannot say.  What a

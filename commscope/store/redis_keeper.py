@@ -138,6 +138,8 @@ def follow(keeper: children.Keeper, stream: Stream) -> None:
 
 
 def main(argv: list[str]) -> int:
+    if len(argv) == 2:  # (started by a writer of before ``HOLD_UP_TO``: it held its connection)
+        argv = [*argv, "hold"]
     if len(argv) != 3 or argv[2] not in ("hold", "close"):
         print("usage: python -m commscope.store.redis_keeper JOB EVERY_S hold|close  (on standard input: the "
               "store URL, the nodes known, then the streams)", file=sys.stderr)
