@@ -38,9 +38,9 @@ FAILED_WAIT = 30
 
 #: The widest job whose keepers hold a connection each: 4,096 ranks with their writers,
 #: 8,192 clients, within Redis's 10,000 by default.  Past it a keeper connects for each
-#: pass: at 16k ranks, ~8,000 connects a second over the job's masters (~0.1 ms of a
-#: master's CPU each, measured with a password, 0.09 without), where holding would pass
-#: maxclients on three masters.
+#: pass: at 16k ranks, ~8,000 connects a second over the job's masters (a master's CPU
+#: 0.12 ms each with a password, 0.09 ms without), where holding would pass maxclients
+#: on three masters.
 HOLD_UP_TO = 4096
 
 
