@@ -158,7 +158,7 @@ def _fits(reader: TraceReader, store: str | os.PathLike | None, since: Since | N
         return
     what = since.describe() if since is not None else "all"
     ago = fitting_window(lambda window: open_source(store, since=window), since, limit,  # (the window asked: not listed again)
-                         held_asked=reader.backlog_bytes() * MODEL_PER_STORED + MODEL_FLOOR + ranks * MODEL_PER_RANK)
+                         held_asked=model_most(reader))
     if ago is not None:
         shorter = f"try --since {_duration(ago)}"
     elif ranks * MODEL_PER_RANK_LEAST > limit:
@@ -175,6 +175,14 @@ def _fits(reader: TraceReader, store: str | os.PathLike | None, since: Since | N
                      f"  ({size(stored)} stored x {MODEL_PER_STORED_LEAST:g}{ranks_part}),\n"
                      f"  more than --max-memory {size(limit)}:\n"
                      f"  {shorter},\n  or --max-memory none to read it anyway")
+
+
+def model_most(reader: TraceReader, floor: float = MODEL_FLOOR, per_rank: float = MODEL_PER_RANK) -> float:
+    """The most a model of what ``reader`` would read holds: its stored bytes (from where it
+    starts each stream) x ``MODEL_PER_STORED``, ``floor``, and ``per_rank`` for each rank (the
+    ranks not listed where it is 0).  What a window is sized by (``fitting_window``,
+    ``tui.feed.first_window``)."""
+    return reader.backlog_bytes() * MODEL_PER_STORED + floor + (reader.rank_count() * per_rank if per_rank else 0)
 
 
 #: The window tried first for a whole read, or one from a time, that does not fit (``fitting_window``)
@@ -198,7 +206,7 @@ def fitting_window(open_at: Callable[[Since], TraceReader], since: Since | None,
     def held(ago: float) -> float:
         reader = open_at(Since(ago_s=ago))
         try:
-            return reader.backlog_bytes() * MODEL_PER_STORED + floor + (reader.rank_count() * per_rank if per_rank else 0)
+            return model_most(reader, floor, per_rank)
         finally:
             reader.close()
 

@@ -22,7 +22,7 @@ from textual.message import Message
 from commscope.analysis import Finding, TraceModel, diagnose, rankstate
 from commscope.analysis.flight_import import FlightRecorderReader
 from commscope.analysis.model import EMPTY_VIEW, ModelView
-from commscope.analysis.source import MODEL_PER_STORED, Loading, fitting_window
+from commscope.analysis.source import Loading, fitting_window, model_most
 from commscope.events import DEFAULT_HANG_AFTER, gc_paused
 from commscope.memory import give_back
 from commscope.store import AsOf, Batch, TraceReader, readahead
@@ -724,14 +724,14 @@ def first_window(open_at: Callable[[Since | None], TraceReader], since: Since | 
         return reader, since, ""
     room = budget * FIRST_SHARE
     try:
-        held = reader.backlog_bytes() * MODEL_PER_STORED
+        held = model_most(reader, floor=0, per_rank=0)
         # (no floor: the budget's last quarter is the model's room to grow)
         ago = fitting_window(open_at, since, room, held, floor=0, per_rank=0) if held > room else None
         if ago is None and held > room and since.ago_s > TAIL_FLOOR_S:
             # (none fits: the shortest, where it reads less than the window asked; helper-158)
             shortest = open_at(Since(ago_s=TAIL_FLOOR_S))
             try:
-                less = shortest.backlog_bytes() * MODEL_PER_STORED
+                less = model_most(shortest, floor=0, per_rank=0)
             except BaseException:
                 shortest.close()
                 raise
