@@ -463,8 +463,8 @@ def test_heat_frames_count_as_a_fresh_count_does_and_every_other_one_again_from_
 
 def test_the_clients_of_a_real_job_are_said_with_its_keepers_connects_past_the_hold(capsys, monkeypatch):
     """A real job's ranks are a process each (the bench's writer process is many): a writer
-    and a keeper a rank up to ``HOLD_UP_TO`` ranks, past it a writer a rank and a connect a
-    keeper a pass."""
+    and a keeper a rank where they leave an eighth of Redis's default maxclients spare on
+    each node (``redis_keeper.holds``), past it a writer a rank and a connect a keeper a pass."""
     from commscope.bench.scale import _report_loads
     from commscope.store import keyframes
 
@@ -472,8 +472,14 @@ def test_the_clients_of_a_real_job_are_said_with_its_keepers_connects_past_the_h
     _report_loads([], 0.66, "redis://127.0.0.1:1/0", 16384)
     wide = " ".join(capsys.readouterr().out.split())
     assert ("a real job of 16,384 ranks (a process each; here a writer process is many): 16,384 clients over the "
-            "nodes, a writer a rank; its keepers connect for each pass (past 4,096 ranks), ~8,192 connects/s over "
-            "the nodes") in wide, wide
+            "nodes, a writer a rank; its keepers connect for each pass (a node's writers and keepers past 88% of "
+            "maxclients 10,000, Redis's default), ~8,192 connects/s over the nodes") in wide, wide
     _report_loads([], 0.05, "redis://127.0.0.1:1/0", 4096)
     narrow = " ".join(capsys.readouterr().out.split())
     assert "8,192 clients over the nodes, a writer a rank and its keeper of keyframes" in narrow, narrow
+    from commscope.bench.scale import NodeLoad
+
+    masters = [NodeLoad(f"127.0.0.1:{p}", 1.0, 1.0, 1.0) for p in (7000, 7001, 7002)]
+    _report_loads(masters, 0.66, "redis://127.0.0.1:7000/0", 12288)  # (4,096 a master: each holds 8,192)
+    three = " ".join(capsys.readouterr().out.split())
+    assert "24,576 clients over the nodes, a writer a rank and its keeper of keyframes" in three, three

@@ -10,17 +10,21 @@ on from its newest keyframe; a keeper never sees the URL on its command line.
 
 from __future__ import annotations
 
+import re
 import signal
+import socket
 import time
 
 import orjson
 import psutil
 import pytest
 from redis_fixture import *  # noqa: F403
+from redis_fixture import _no_keeper_left, require_redis_server
 from test_keyframes import _alive
 
 from commscope.analysis.diagnose import default_hang_after, diagnose, trace_now
 from commscope.analysis.source import load_trace, open_source
+from commscope.bench.redis_server import RedisServer
 from commscope.store import children, keyframes, redis_keeper, redis_marks
 from commscope.store.cluster import Nodes, keyslot
 from commscope.store.redis_store import Keys, RedisWriter, delete_job
@@ -172,32 +176,140 @@ def test_a_keeper_killed_is_started_again_and_goes_on(redis_url, every_02, monke
     assert [f.bytes for f in frames] == [sum(sizes[:f.entry]) for f in frames]
 
 
-@pytest.mark.parametrize("wide", [False, True])
-def test_a_wide_jobs_keeper_holds_no_connection_between_its_passes(redis_url, redis_server, every_02, monkeypatch,
-                                                                    wide):
-    """A rank's keeper beside its writer doubles the job's clients: past ``HOLD_UP_TO`` ranks
-    (5,000 would pass one Redis's maxclients, 10,000 by default) it connects for a pass and
-    closes after it; a narrower job's keeper holds its connection (a connect a pass costs
-    Redis ~0.1 ms).  Its connections looked at while its writer writes on."""
-    monkeypatch.setattr(redis_keeper, "HOLD_UP_TO", 1 if wide else 2)
-    w = RedisWriter(redis_url, "job", 0, {"world_size": 2}, mark_every_s=600)
-    w.write([meta(0, 2), begin(7, 1)])
+@pytest.fixture
+def small_redis(tmp_path):
+    """A private redis-server that takes 32 clients (``maxclients``), its URL's database
+    flushed; no keeper of the test's writers left after it."""
+    with RedisServer(binary=require_redis_server(), data_dir=tmp_path / "r", extra={"maxclients": 32}) as server:
+        server.start()
+        yield server
+        _no_keeper_left()
+
+
+def keeper_links(writer: RedisWriter, port: int) -> list:
+    """The local ends of the connections ``writer``'s keeper holds to the Redis on ``port``."""
+    keeper = psutil.Process(writer._keeper._child.pid)
+    return [c.laddr for c in keeper.net_connections("tcp") if c.raddr and c.raddr[1] == port]
+
+
+@pytest.mark.parametrize("world", [4, 16])
+def test_a_keeper_holds_its_connection_only_where_redis_has_room_for_the_job_s_twice(small_redis, every_02, world):
+    """A rank's keeper beside its writer doubles the job's clients: where a job's writers and
+    keepers would take more than 7/8 of Redis's ``maxclients`` (as Redis says it: 32 here,
+    so 16 ranks' 32 clients, where 4 ranks' 8 leave room) a keeper connects for a pass and
+    closes after it; otherwise it holds one (a connect a pass costs Redis ~0.1 ms).  Its
+    connections looked at while its writer writes on."""
+    w = RedisWriter(small_redis.url, "job", 0, {"world_size": world}, mark_every_s=600)
+    w.write([meta(0, world), begin(7, 1)])
     beats = Beats(w)
-    beats.until(lambda: len(frames_of(redis_url, "job")) >= 2, "two keyframes")
+    beats.until(lambda: len(frames_of(small_redis.url, "job")) >= 2, "two keyframes")
+    if world == 16:
+        beats.until(lambda: keeper_links(w, small_redis.port) == [], "the keeper with no connection to Redis")
+    held = keeper_links(w, small_redis.port)
+    had = len(frames_of(small_redis.url, "job"))
+    beats.until(lambda: len(frames_of(small_redis.url, "job")) >= had + 2, "keyframes after it")
+    if world == 4:  # (the same connection, across passes)
+        assert len(held) == 1 and keeper_links(w, small_redis.port) == held
+    w.close()
+    assert all(f.exact for f in frames_of(small_redis.url, "job"))
+
+
+def test_a_keeper_refused_by_a_full_redis_no_longer_holds_a_connection(small_redis, every_02):
+    """A Redis at ``maxclients`` (other jobs, consoles, a lower limit than the job's reckoning)
+    refuses the keeper of a narrow job: from then on it connects for a pass and closes after
+    it, leaving the connection it would hold to a writer starting again or a console.  Redis
+    filled by the test's own clients until it refuses one, the keeper's refusal seen in
+    Redis's count of them (``rejected_connections``), then room made."""
+    w = RedisWriter(small_redis.url, "job", 0, {"world_size": 2}, mark_every_s=600)
+    look = Nodes(parse_url(small_redis.url), "test")  # (the test's own connection, kept)
+    look.connect()
+    fillers: list[socket.socket] = []
+    try:
+        while True:  # (a PING a client: Redis says a client past maxclients is refused, then closes it)
+            s = socket.create_connection(("127.0.0.1", small_redis.port), timeout=BOUND_S)
+            s.sendall(b"PING\r\n")
+            if not s.recv(64).startswith(b"+PONG"):
+                s.close()
+                break
+            fillers.append(s)
+
+        def rejected() -> int:
+            stats = look.call(Keys.JOBS, "INFO", "stats").decode()
+            return int(re.search(r"rejected_connections:(\d+)", stats).group(1))
+
+        before = rejected()
+        w.write([meta(0, 2), begin(7, 1)])
+        beats = Beats(w)
+        beats.until(lambda: w._keeper is not None and rejected() > before, "the keeper refused")
+        assert frames_of_on(look, "job") == []
+    finally:
+        for s in fillers:
+            s.close()
+        look.close()
+    beats.until(lambda: len(frames_of(small_redis.url, "job")) >= 2, "two keyframes once Redis has room")
+    beats.until(lambda: keeper_links(w, small_redis.port) == [], "the keeper with no connection to Redis")
+    had = len(frames_of(small_redis.url, "job"))
+    beats.until(lambda: len(frames_of(small_redis.url, "job")) >= had + 2, "keyframes after it")
+    w.close()
+    assert all(f.exact for f in frames_of(small_redis.url, "job"))
+
+
+def frames_of_on(nodes: Nodes, job: str, rank: int = 0) -> list[redis_marks.Mark]:
+    """``frames_of`` on a connection already open (a full Redis takes no new one)."""
+    key = Keys.frames(job, rank)
+    return [m for m in map(redis_marks.Mark.parse, nodes.call(key, "XRANGE", key, "-", "+")) if m is not None]
+
+
+def test_a_cluster_keeper_holds_a_connection_to_its_stream_s_master_alone(redis_cluster_url, every_02):
+    """The keeper reads the slot map from the URL's node, then keyframes its streams on their
+    masters: holding, it keeps only theirs (every keeper of a job also holding one to the
+    URL's node would make it serve the job's ranks again)."""
+    nodes = Nodes(parse_url(redis_cluster_url), "test")
+    nodes.connect()
+    url_node = (parse_url(redis_cluster_url).host, parse_url(redis_cluster_url).port)
+    rank = next(r for r in range(1000) if nodes.node(Keys.stream("job", r)) != url_node)
+    own = nodes.node(Keys.stream("job", rank))
+    nodes.close()
+    w = RedisWriter(redis_cluster_url, "job", rank, {"world_size": 8}, mark_every_s=600)
+    w.write([meta(rank, 8), begin(7, 1, rank)])
+    beats = Beats(w)
+    beats.until(lambda: len(frames_of(redis_cluster_url, "job", rank)) >= 2, "two keyframes")
     keeper = psutil.Process(w._keeper._child.pid)
 
-    def to_redis() -> list:
-        return [c.laddr for c in keeper.net_connections("tcp") if c.raddr and c.raddr[1] == redis_server.port]
+    def masters() -> list[int]:
+        return sorted(c.raddr[1] for c in keeper.net_connections("tcp") if c.raddr)
 
-    if wide:
-        beats.until(lambda: to_redis() == [], "the keeper with no connection to Redis")
-    held = to_redis()
-    had = len(frames_of(redis_url, "job"))
-    beats.until(lambda: len(frames_of(redis_url, "job")) >= had + 2, "keyframes after it")
-    if not wide:  # (the same connection, across passes)
-        assert len(held) == 1 and to_redis() == held
+    beats.until(lambda: masters() == [own[1]], f"the keeper connected to {own} alone")
+    had = len(frames_of(redis_cluster_url, "job", rank))
+    beats.until(lambda: len(frames_of(redis_cluster_url, "job", rank)) >= had + 2, "keyframes after it")
+    assert masters() == [own[1]]
     w.close()
-    assert all(f.exact for f in frames_of(redis_url, "job"))
+
+
+@pytest.mark.parametrize("world, masters, most, held", [
+    (4096, 1, 10_000, True), (4375, 1, 10_000, True), (4376, 1, 10_000, False), (16384, 1, 10_000, False),
+    (13125, 3, 10_000, True), (13126, 3, 10_000, False), (16384, 3, 10_000, False), (434, 1, 992, True),
+    (435, 1, 992, False), (1, 0, 10_000, True)])
+def test_a_job_s_keepers_hold_connections_while_its_writers_and_keepers_leave_an_eighth_spare(
+        world, masters, most, held):
+    assert redis_keeper.holds(world, masters, most) is held
+
+
+@pytest.mark.parametrize("config, said", [({"maxclients": 123}, 123), ({"rename-command": 'INFO ""'}, 10_000),
+                                          ({"maxclients": 77, "rename-command": 'INFO ""'}, 77),
+                                          ({"maxclients": 77, "user": "default on nopass ~* &* +@all -info -config"},
+                                           redis_keeper.DEFAULT_MAXCLIENTS)])
+def test_a_keeper_reads_maxclients_as_redis_says_it(tmp_path, config, said):
+    """``INFO clients`` (Redis 7); ``CONFIG GET`` where INFO is not there (before Redis 7, or
+    renamed); Redis's default where an ACL allows neither."""
+    with RedisServer(binary=require_redis_server(), data_dir=tmp_path / "r", extra=config) as server:
+        server.start()
+        nodes = Nodes(parse_url(server.url), "test")
+        nodes.connect()
+        try:
+            assert redis_keeper.maxclients(nodes) == said
+        finally:
+            nodes.close()
 
 
 def test_keyframes_off_start_no_keeper(redis_url, monkeypatch):
@@ -514,11 +626,13 @@ def test_a_key_of_another_type_is_told_as_redis_6_and_7_say_it(redis_url):
     assert not redis_keeper.wrong_type(ReplyError("ERR no WRONGTYPEs here"))
 
 
-@pytest.mark.parametrize("argv, code", [(["job", "0.2", "hold"], 0), (["job", "0.2", "close"], 0),
-                                        (["job", "0.2"], 0), (["job", "0.2", "maybe"], 2), (["job"], 2)])
+@pytest.mark.parametrize("argv, code", [(["job", "0.2", "4096"], 0), (["job", "0.2", "hold"], 0),
+                                        (["job", "0.2", "close"], 0), (["job", "0.2"], 0), (["job", "0.2", "0"], 2),
+                                        (["job", "0.2", "-3"], 2), (["job", "0.2", "maybe"], 2), (["job"], 2),
+                                        (["job", "0.2", "4", "x"], 2)])
 def test_a_keeper_s_command_line_is_read_strictly_and_an_older_writer_s_still_starts_one(argv, code, monkeypatch):
-    """A writer of before the hold (a job running while the package was upgraded under it)
-    starts its keeper with two arguments: it holds its connection, as then (helper-160: it
-    exited 2 every 30 s and the job took no keyframes, silently)."""
+    """A writer of before (a job running while the package was upgraded under it) starts its
+    keeper with two arguments, or "hold" or "close": it holds its connection, or not, as
+    then (helper-160: it exited 2 every 30 s and the job took no keyframes, silently)."""
     monkeypatch.setattr(redis_keeper.os, "read", lambda fd, n: b"")  # (its standard input ended at once)
     assert redis_keeper.main(argv) == code

@@ -1094,12 +1094,14 @@ def _report_loads(loads: list[NodeLoad], every: float, store: str, ranks: int) -
               f"; a keyframe of a rank (an XRANGE and a script, in\n    other) at most every {every_frame:g} s "
               f"that its stream grew by {size(keyframes.MIN_BYTES)}"))
     if every_frame is not None:
-        held = ranks <= redis_keeper.HOLD_UP_TO
+        most = redis_keeper.DEFAULT_MAXCLIENTS
+        held = redis_keeper.holds(ranks, len(loads), most)
         print(f"    a real job of {ranks:,} ranks (a process each; here a writer process is many):\n"
               f"    {ranks * (2 if held else 1):,} clients over the nodes, a writer a rank"
               + (" and its keeper of keyframes" if held else
-                 f";\n    its keepers connect for each pass (past {redis_keeper.HOLD_UP_TO:,} ranks), "
-                 f"~{ranks / every_frame:,.0f} connects/s\n    over the nodes"))
+                 f";\n    its keepers connect for each pass (a node's writers and keepers past\n"
+                 f"    {1 - redis_keeper.SPARE:.0%} of maxclients {most:,}, Redis's default), "
+                 f"~{ranks / every_frame:,.0f} connects/s over the nodes"))
 
 
 # ------------------------------------------------------------------ the suite

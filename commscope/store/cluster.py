@@ -196,12 +196,12 @@ class Nodes:
         """The connection to the node serving ``key`` (connected now if need be)."""
         return self._conn(self.node(key))
 
-    def keep_only(self, key: bytes | str) -> None:
-        """Close the connections to every node but ``key``'s: a writer appends to one stream,
-        and 16k ranks each holding a connection to every master would pass Redis's
-        ``maxclients``."""
-        keep = self.node(key)
-        for address in [a for a in self._conns if a != keep]:
+    def keep_only(self, *keys: bytes | str) -> None:
+        """Close the connections to every node but those of ``keys``: a writer appends to one
+        stream (a keeper of keyframes reads its process's), and 16k ranks each holding a
+        connection to every master would pass Redis's ``maxclients``."""
+        keep = {self.node(key) for key in keys}
+        for address in [a for a in self._conns if a not in keep]:
             self._conns.pop(address).close()
 
     def set_timeout(self, timeout: float) -> None:

@@ -9,9 +9,11 @@ It reads the store's URL (which may hold a password: never on a command line) an
 cluster nodes the writer knew on its first two lines of standard input, then a stream's
 ``RANK INCARNATION`` a line, as each writer names its stream, and ends when its input
 ends (the last writer of the process closed, or the process died).  It holds a connection
-where the job is narrow enough (``HOLD_UP_TO`` ranks); in a wider one it connects for each
-pass over its streams and closes after it: a job's clients are then its ranks' writers,
-not twice them, at the cost of a connection a pass (~0.1 ms of Redis's CPU).
+where Redis has room for the job's writers and keepers and clients to spare (``holds``:
+``maxclients`` as Redis says it); otherwise, or once Redis refused it a connection as
+full, it connects for each pass over its streams and closes after it: the job's clients
+are then its ranks' writers, not twice them, at the cost of a connection a pass (~0.1 ms
+of Redis's CPU), and a console or a rank starting again still finds a free one.
 """
 
 from __future__ import annotations
@@ -36,12 +38,44 @@ from commscope.store.segments import MAX_RANK
 #: replayed) is looked at again this many periods later, the others going on meanwhile
 FAILED_WAIT = 30
 
-#: The widest job whose keepers hold a connection each: 4,096 ranks with their writers,
-#: 8,192 clients, within Redis's 10,000 by default.  Past it a keeper connects for each
-#: pass: at 16k ranks, ~8,000 connects a second over the job's masters (a master's CPU
-#: 0.12 ms each with a password, 0.09 ms without), where holding would pass maxclients
-#: on three masters.
-HOLD_UP_TO = 4096
+#: The share of a Redis's ``maxclients`` a job's keepers leave spare when they hold their
+#: connections (``holds``): consoles, the children taking marks, a rank starting again,
+#: other jobs.  Redis's default 10,000 then takes the writers and keepers of 4,375 ranks a
+#: master.  Past that, ~8,000 connects a second at 16k ranks over the masters (a master's
+#: CPU 0.12 ms each with a password, 0.09 ms without) where holding would pass maxclients.
+SPARE = 1 / 8
+
+#: Redis's ``maxclients`` where it will not say (an ACL without INFO or CONFIG): its default.
+DEFAULT_MAXCLIENTS = 10_000
+
+
+def holds(world: int, masters: int, maxclients: int) -> bool:
+    """Whether the keepers of a job of ``world`` ranks may each hold a connection: the ranks'
+    writers and keepers, spread evenly over ``masters``, leave ``SPARE`` of a master's
+    ``maxclients`` free."""
+    per_master = -(-world // max(1, masters))
+    return 2 * per_master <= maxclients * (1 - SPARE)
+
+
+def maxclients(nodes: Nodes) -> int:
+    """The ``maxclients`` of the Redis ``nodes`` is connected to (``INFO clients`` from Redis
+    7, ``CONFIG GET`` before); ``DEFAULT_MAXCLIENTS`` where it will not say."""
+    with contextlib.suppress(ReplyError, ValueError):
+        info = nodes.call(Keys.JOBS, "INFO", "clients")
+        for line in info.splitlines() if isinstance(info, bytes) else ():
+            if line.startswith(b"maxclients:"):
+                return int(line.split(b":", 1)[1])
+    with contextlib.suppress(ReplyError, ValueError, TypeError):
+        reply = nodes.call(Keys.JOBS, "CONFIG", "GET", "maxclients")
+        if isinstance(reply, list) and len(reply) == 2:
+            return int(reply[1])
+    return DEFAULT_MAXCLIENTS
+
+
+def full(exc: Exception) -> bool:
+    """Whether Redis refused a connection as it holds ``maxclients`` already (it says so to a
+    new client, then closes it; ``Connection.connect`` quotes it)."""
+    return "max number of clients reached" in str(exc)
 
 
 _WRONG_TYPE = re.compile(r"(?:^|: )WRONGTYPE ")
@@ -55,19 +89,20 @@ def wrong_type(exc: Exception) -> bool:
 
 
 def keep(url: str, job: str, commands: BinaryIO, every_s: float, known: Sequence[tuple[str, int]] = (),
-         now: Callable[[], float] = time.monotonic, hold: bool = True) -> int:
+         now: Callable[[], float] = time.monotonic, world: int = 1, hold: bool | None = None) -> int:
     """The keeper's loop: follow the streams the writers name on ``commands`` (``follow``) and
     take each one's next keyframe every ``every_s`` (``redis_marks.frame``), until
     ``commands`` ends.  Redis away: every stream tried again half a period later; refusing
     (out of memory, a cluster failing over, a read-only replica): the stream tried again a
-    period later.  A key that is not a stream (WRONGTYPE) is no longer followed.  ``hold``
-    False: no connection held between passes (``HOLD_UP_TO``)."""
+    period later.  A key that is not a stream (WRONGTYPE) is no longer followed.  ``hold``:
+    whether a connection is held between passes; None: as ``holds`` says for a job of
+    ``world`` ranks at the first connect; never once Redis refused one as full."""
     target = parse_url(url)
     nodes = Nodes(target, target.display())
     nodes.know(known)
     followed: dict[Stream, redis_marks.Framed] = {}
     sent = children.Commands(commands)
-    up = False
+    up = False  # (the slot map read: connections are made as the streams' nodes are asked)
     try:
         while True:
             lines = sent.wait(every_s / 2)
@@ -87,6 +122,8 @@ def keep(url: str, job: str, commands: BinaryIO, every_s: float, known: Sequence
                     if not up:
                         nodes.connect()
                         up = True
+                        if hold is None:
+                            hold = holds(world, len(nodes.masters()), maxclients(nodes))
                     redis_marks.frame(nodes, f)
                 except ReplyError as exc:
                     if wrong_type(exc):
@@ -94,18 +131,22 @@ def keep(url: str, job: str, commands: BinaryIO, every_s: float, known: Sequence
                     else:  # (refused for now: this stream again a period later, the others meanwhile)
                         f.due = t + every_s
                     continue
-                except (OSError, StoreError):
+                except (OSError, StoreError) as exc:
+                    if full(exc):  # (holding, it would take a connection a writer or a console needs)
+                        hold = False
                     nodes.reset()
                     up = False
-                    break  # (Redis away: every stream again a step later)
+                    break  # (Redis away or full: every stream again a step later)
                 except Exception:  # (this stream's: the others go on)
                     f.due = t + FAILED_WAIT * every_s
                     continue
                 f.due = t + every_s
-            if took and not hold:
+            if took and up and not hold:
                 # (a wide job's keeper beside its rank's writer would double the job's clients:
-                # past maxclients; the slot map is kept, each pass connects again)
+                # past maxclients; the slot map is kept, each pass connects to the nodes it asks)
                 nodes.reset()
+            elif took and up and nodes.cluster:  # (the URL's node, asked for the map, among them)
+                nodes.keep_only(*(f.key for f in followed.values()))
     finally:
         nodes.close()
 
@@ -124,11 +165,10 @@ def keeper(url: str, job: str, every_s: float, known: Sequence[tuple[str, int]] 
            ) -> children.Keeper:
     """The writing process's keeper of ``job``'s keyframes in the store at ``url`` (``keep`` in a
     child), told the URL and the cluster nodes the writer knows (not part of what makes it
-    this process's one: writers that learnt other nodes share it); for a job of ``world``
-    ranks, past ``HOLD_UP_TO`` holding no connection between its passes."""
+    this process's one: writers that learnt other nodes share it), and the job's ``world``
+    size (whether it holds a connection: ``holds``)."""
     nodes = " ".join(f"{h}:{p}" for h, p in sorted(known)[:64])
-    hold = "hold" if world <= HOLD_UP_TO else "close"
-    return children.Keeper.of("commscope.store.redis_keeper", job, repr(every_s), hold, secret=url.encode(),
+    return children.Keeper.of("commscope.store.redis_keeper", job, repr(every_s), str(world), secret=url.encode(),
                               preamble=f"{url}\n{nodes}\n".encode())
 
 
@@ -138,10 +178,10 @@ def follow(keeper: children.Keeper, stream: Stream) -> None:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) == 2:  # (started by a writer of before ``HOLD_UP_TO``: it held its connection)
-        argv = [*argv, "hold"]
-    if len(argv) != 3 or argv[2] not in ("hold", "close"):
-        print("usage: python -m commscope.store.redis_keeper JOB EVERY_S hold|close  (on standard input: the "
+    # (a writer of before ``holds`` said "hold" or "close", and before that nothing: it held)
+    world = {"hold": 1, "close": None}.get(argv[2], argv[2]) if len(argv) == 3 else 1
+    if len(argv) not in (2, 3) or not (world is None or str(world).isdigit() and int(world) > 0):
+        print("usage: python -m commscope.store.redis_keeper JOB EVERY_S WORLD_SIZE  (on standard input: the "
               "store URL, the nodes known, then the streams)", file=sys.stderr)
         return 2
     head = b""
@@ -153,7 +193,8 @@ def main(argv: list[str]) -> int:
     url, nodes = head.decode().split("\n")[:2]
     known = [a for a in map(redis_marks.address, nodes.split()) if a]
     with contextlib.suppress(KeyboardInterrupt, BrokenPipeError):
-        return keep(url.strip(), argv[0], sys.stdin.buffer, float(argv[1]), known, hold=argv[2] == "hold")
+        return keep(url.strip(), argv[0], sys.stdin.buffer, float(argv[1]), known,
+                    world=int(world or 1), hold=False if world is None else None)
     return 0
 
 
