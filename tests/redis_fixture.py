@@ -29,8 +29,24 @@ from commscope.bench.redis_server import (
 DATABASES = 64
 _db_numbers = itertools.cycle(range(1, DATABASES))
 
-__all__ = ["cluster_client", "redis_client", "redis_cluster", "redis_cluster_url", "redis_server", "redis_tls_cluster",
+__all__ = ["cluster_client", "filled", "redis_client", "redis_cluster", "redis_cluster_url", "redis_server", "redis_tls_cluster",
            "redis_tls_cluster_url", "redis_url", "require_redis_server", "tls_files"]
+
+
+def filled(server) -> list:
+    """The test's own clients of ``server`` (a ``RedisServer``), a PING each, until it refuses
+    one as full (``maxclients``: it says so to the client past it, then closes it); the
+    caller closes them."""
+    import socket
+
+    held = []
+    while True:
+        s = socket.create_connection(("127.0.0.1", server.port), timeout=60)
+        s.sendall(b"PING\r\n")
+        if not s.recv(64).startswith(b"+PONG"):
+            s.close()
+            return held
+        held.append(s)
 
 
 def require_redis_server() -> str:

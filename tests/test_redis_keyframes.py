@@ -12,21 +12,20 @@ from __future__ import annotations
 
 import re
 import signal
-import socket
 import time
 
 import orjson
 import psutil
 import pytest
 from redis_fixture import *  # noqa: F403
-from redis_fixture import _no_keeper_left, require_redis_server
+from redis_fixture import _no_keeper_left, filled, require_redis_server
 from test_keyframes import _alive
 
 from commscope.analysis.diagnose import default_hang_after, diagnose, trace_now
 from commscope.analysis.source import load_trace, open_source
 from commscope.bench.redis_server import RedisServer
 from commscope.store import children, keyframes, redis_keeper, redis_marks
-from commscope.store.cluster import Nodes, keyslot
+from commscope.store.cluster import DEFAULT_MAXCLIENTS, Nodes, keyslot
 from commscope.store.redis_store import Keys, RedisWriter, delete_job
 from commscope.store.redis_url import parse_url
 from commscope.store.resp import ReplyError
@@ -223,15 +222,8 @@ def test_a_keeper_refused_by_a_full_redis_no_longer_holds_a_connection(small_red
     w = RedisWriter(small_redis.url, "job", 0, {"world_size": 2}, mark_every_s=600)
     look = Nodes(parse_url(small_redis.url), "test")  # (the test's own connection, kept)
     look.connect()
-    fillers: list[socket.socket] = []
+    fillers = filled(small_redis)
     try:
-        while True:  # (a PING a client: Redis says a client past maxclients is refused, then closes it)
-            s = socket.create_connection(("127.0.0.1", small_redis.port), timeout=BOUND_S)
-            s.sendall(b"PING\r\n")
-            if not s.recv(64).startswith(b"+PONG"):
-                s.close()
-                break
-            fillers.append(s)
 
         def rejected() -> int:
             stats = look.call(Keys.JOBS, "INFO", "stats").decode()
@@ -298,7 +290,7 @@ def test_a_job_s_keepers_hold_connections_while_its_writers_and_keepers_leave_an
 @pytest.mark.parametrize("config, said", [({"maxclients": 123}, 123), ({"rename-command": 'INFO ""'}, 10_000),
                                           ({"maxclients": 77, "rename-command": 'INFO ""'}, 77),
                                           ({"maxclients": 77, "user": "default on nopass ~* &* +@all -info -config"},
-                                           redis_keeper.DEFAULT_MAXCLIENTS)])
+                                           DEFAULT_MAXCLIENTS)])
 def test_a_keeper_reads_maxclients_as_redis_says_it(tmp_path, config, said):
     """``INFO clients`` (Redis 7); ``CONFIG GET`` where INFO is not there (before Redis 7, or
     renamed); Redis's default where an ACL allows neither."""
@@ -307,7 +299,7 @@ def test_a_keeper_reads_maxclients_as_redis_says_it(tmp_path, config, said):
         nodes = Nodes(parse_url(server.url), "test")
         nodes.connect()
         try:
-            assert redis_keeper.maxclients(nodes) == said
+            assert nodes.maxclients(Keys.JOBS) == said
         finally:
             nodes.close()
 

@@ -15,7 +15,7 @@ import time
 
 import pytest
 from redis_fixture import *  # noqa: F403  (the redis_server and redis_url fixtures)
-from redis_fixture import redis_client
+from redis_fixture import filled, redis_client
 
 from commscope import events as E
 from commscope.bench.redis_server import RedisServer
@@ -792,6 +792,50 @@ def test_a_writer_on_a_redis_that_evicts_warns_at_open_and_sets_the_jobs_index_a
         lost = reader.stats.missing_by_rank.get(0, 0)
         assert (lost > 0) == any("were lost by Redis (gone when the rank reconnected" in m for m in reader.stats.warnings)
         c.close()
+        w.close()
+
+
+def test_a_writer_on_a_redis_too_small_for_its_job_s_ranks_warns_at_open_and_a_full_one_says_what_to_change(
+        tmp_path, redis_cluster_url):
+    """Each rank holds a connection: a Redis of ``maxclients`` 32 takes the writers of 28 ranks
+    with an eighth spare (for consoles, ranks starting again), so a job of 29 is warned at
+    open, once, with the evicting warning where both hold; a rank or console that then finds
+    it full is told what to change.  On a cluster, the ranks a master: 26,251 ranks over 3
+    masters of 10,000 pass 8,750 a master, 26,250 do not."""
+    from redis_fixture import require_redis_server
+
+    require_redis_server()
+    with RedisServer(data_dir=tmp_path / "r", extra={"maxclients": 32, "maxmemory": "64mb",
+                                                    "maxmemory-policy": "allkeys-lru"}) as server:
+        server.start()
+        w = open_writer(server.url, "fits", 0, job_meta={"world_size": 28})
+        assert "evicts keys" in w.warning and "maxclients" not in w.warning, w.warning
+        w.close()
+        w = open_writer(server.url, "wide", 0, job_meta={"world_size": 29})
+        first, second = w.warning.split("\n")
+        assert "evicts keys when full" in first
+        assert second == (f"commscope: {server.url} takes 32 clients at most (maxclients), and this job's 29 ranks "
+                          "hold one each (on it): ranks past that wait in their spools for a connection, and a "
+                          "console may find none; raise maxclients in its config (and the open files it may use: "
+                          "ulimit -n)")
+        held = filled(server)
+        try:
+            for opening, url in ((lambda: open_writer(server.url, "wide", 1, job_meta={"world_size": 29}), server.url),
+                                 (lambda: open_reader(server.url + "?job=wide"), server.url + "?job=wide")):
+                with pytest.raises(StoreError) as e:
+                    opening()
+                assert str(e.value) == (
+                    f"cannot use {url}: Redis said: ERR max number of clients reached (it holds as many "
+                    "connections as its maxclients: a wide job's ranks hold one each; raise maxclients in its "
+                    "config, and the open files it may use: ulimit -n)")
+        finally:
+            for s in held:
+                s.close()
+        w.close()
+    for world, warned in ((26_250, False), (26_251, True)):
+        w = open_writer(redis_cluster_url, f"c{world}", 0, job_meta={"world_size": world})
+        assert (w.warning is not None) is warned, w.warning
+        assert not warned or "26,251 ranks hold one each (8,751 on each of its 3 masters)" in w.warning, w.warning
         w.close()
 
 

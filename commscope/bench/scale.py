@@ -1078,6 +1078,7 @@ def _report_loads(loads: list[NodeLoad], every: float, store: str, ranks: int) -
     (``every``: its writer's pace, the store URL's ``rate=``); and the clients a job of
     ``ranks`` ranks, each its own process, would hold (here a writer process holds many)."""
     from commscope.store import keyframes, redis_keeper
+    from commscope.store.cluster import DEFAULT_MAXCLIENTS
     from commscope.store.redis_keys import Keys
     from commscope.store.redis_url import parse_url
 
@@ -1094,7 +1095,7 @@ def _report_loads(loads: list[NodeLoad], every: float, store: str, ranks: int) -
               f"; a keyframe of a rank (an XRANGE and a script, in\n    other) at most every {every_frame:g} s "
               f"that its stream grew by {size(keyframes.MIN_BYTES)}"))
     if every_frame is not None:
-        most = redis_keeper.DEFAULT_MAXCLIENTS
+        most = DEFAULT_MAXCLIENTS
         held = redis_keeper.holds(ranks, len(loads), most)
         print(f"    a real job of {ranks:,} ranks (a process each; here a writer process is many):\n"
               f"    {ranks * (2 if held else 1):,} clients over the nodes, a writer a rank"

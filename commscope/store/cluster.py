@@ -26,6 +26,7 @@ not one per key.
 from __future__ import annotations
 
 import binascii
+import contextlib
 import dataclasses
 import time
 from collections.abc import Callable, Sequence
@@ -36,6 +37,8 @@ from commscope.store.redis_url import RedisTarget
 from commscope.store.resp import Connection, ReplyError, pack
 
 SLOTS = 16384
+#: Redis's ``maxclients`` where it will not say (an ACL without INFO or CONFIG): its default
+DEFAULT_MAXCLIENTS = 10_000
 T = TypeVar("T")
 Address = tuple[str, int]
 
@@ -195,6 +198,21 @@ class Nodes:
     def conn(self, key: bytes | str) -> Connection:
         """The connection to the node serving ``key`` (connected now if need be)."""
         return self._conn(self.node(key))
+
+    def maxclients(self, key: bytes | str) -> int:
+        """The ``maxclients`` of the node of ``key`` (``INFO clients`` from Redis 7, ``CONFIG
+        GET`` before); ``DEFAULT_MAXCLIENTS`` where it will not say.  OSError or StoreError
+        where it cannot be reached."""
+        with contextlib.suppress(ReplyError, ValueError):
+            info = self.call(key, "INFO", "clients")
+            for line in info.splitlines() if isinstance(info, bytes) else ():
+                if line.startswith(b"maxclients:"):
+                    return int(line.split(b":", 1)[1])
+        with contextlib.suppress(ReplyError, ValueError, TypeError):
+            reply = self.call(key, "CONFIG", "GET", "maxclients")
+            if isinstance(reply, list) and len(reply) == 2:
+                return int(reply[1])
+        return DEFAULT_MAXCLIENTS
 
     def keep_only(self, *keys: bytes | str) -> None:
         """Close the connections to every node but those of ``keys``: a writer appends to one

@@ -38,38 +38,25 @@ from commscope.store.segments import MAX_RANK
 #: replayed) is looked at again this many periods later, the others going on meanwhile
 FAILED_WAIT = 30
 
-#: The share of a Redis's ``maxclients`` a job's keepers leave spare when they hold their
-#: connections (``holds``): consoles, the children taking marks, a rank starting again,
-#: other jobs.  Redis's default 10,000 then takes the writers and keepers of 4,375 ranks a
-#: master.  Past that, ~8,000 connects a second at 16k ranks over the masters (a master's
-#: CPU 0.12 ms each with a password, 0.09 ms without) where holding would pass maxclients.
+#: The share of a Redis's ``maxclients`` a job leaves spare (``room``): consoles, the
+#: children taking marks, a rank starting again, other jobs.  Redis's default 10,000 then
+#: takes the writers and keepers of 4,375 ranks a master.  Past that the keepers connect for
+#: each pass: ~8,000 connects a second at 16k ranks over the masters (a master's CPU 0.12 ms
+#: each with a password, 0.09 ms without), where holding would pass maxclients.
 SPARE = 1 / 8
 
-#: Redis's ``maxclients`` where it will not say (an ACL without INFO or CONFIG): its default.
-DEFAULT_MAXCLIENTS = 10_000
+
+def room(world: int, masters: int, maxclients: int, each: int = 1) -> bool:
+    """Whether a job of ``world`` ranks holding ``each`` connections a rank, spread evenly
+    over ``masters``, leaves ``SPARE`` of a master's ``maxclients`` free: 2, its writers and
+    keepers (``holds``); 1, its writers alone (a writer warns at open where they do not)."""
+    per_master = -(-world // max(1, masters))
+    return each * per_master <= maxclients * (1 - SPARE)
 
 
 def holds(world: int, masters: int, maxclients: int) -> bool:
-    """Whether the keepers of a job of ``world`` ranks may each hold a connection: the ranks'
-    writers and keepers, spread evenly over ``masters``, leave ``SPARE`` of a master's
-    ``maxclients`` free."""
-    per_master = -(-world // max(1, masters))
-    return 2 * per_master <= maxclients * (1 - SPARE)
-
-
-def maxclients(nodes: Nodes) -> int:
-    """The ``maxclients`` of the Redis ``nodes`` is connected to (``INFO clients`` from Redis
-    7, ``CONFIG GET`` before); ``DEFAULT_MAXCLIENTS`` where it will not say."""
-    with contextlib.suppress(ReplyError, ValueError):
-        info = nodes.call(Keys.JOBS, "INFO", "clients")
-        for line in info.splitlines() if isinstance(info, bytes) else ():
-            if line.startswith(b"maxclients:"):
-                return int(line.split(b":", 1)[1])
-    with contextlib.suppress(ReplyError, ValueError, TypeError):
-        reply = nodes.call(Keys.JOBS, "CONFIG", "GET", "maxclients")
-        if isinstance(reply, list) and len(reply) == 2:
-            return int(reply[1])
-    return DEFAULT_MAXCLIENTS
+    """Whether the keepers of a job of ``world`` ranks may each hold a connection."""
+    return room(world, masters, maxclients, 2)
 
 
 def full(exc: Exception) -> bool:
@@ -123,7 +110,7 @@ def keep(url: str, job: str, commands: BinaryIO, every_s: float, known: Sequence
                         nodes.connect()
                         up = True
                         if hold is None:
-                            hold = holds(world, len(nodes.masters()), maxclients(nodes))
+                            hold = holds(world, len(nodes.masters()), nodes.maxclients(Keys.JOBS))
                     redis_marks.frame(nodes, f)
                 except ReplyError as exc:
                     if wrong_type(exc):

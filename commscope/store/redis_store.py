@@ -244,6 +244,7 @@ class RedisWriter:
             self._say_via()
             if not self.resume:  # (a forwarder sends a dead rank's last records: the rank was told)
                 self._heed_eviction()
+                self._heed_clients()
             nodes.keep_only(self.key)
         except StoreError:
             nodes.close()
@@ -300,6 +301,22 @@ class RedisWriter:
         self.refresh_every = max(self.REFRESH_MIN_S, self._world / self.REFRESH_RATE)
         # (ranks that open together refresh apart: the first one comes early, by rank)
         self._refreshed = time.monotonic() - self.refresh_every * (1.0 - (self.rank * 0.6180339887) % 1.0)
+
+    def _heed_clients(self) -> None:
+        """At open: a Redis whose ``maxclients`` the job's writers alone would fill (their
+        ranks spread over its masters, ``redis_keeper.room``) refuses some of them, and
+        consoles: say so once (``warning``), with what to change."""
+        nodes = self._nodes
+        masters = len(nodes.masters())
+        most = nodes.maxclients(self.key)
+        if redis_keeper.room(self._world, masters, most):
+            return
+        on = "on it" if masters == 1 else f"{-(-self._world // masters):,} on each of its {masters} masters"
+        said = (f"commscope: {self._shown} takes {most:,} clients at most (maxclients), and this job's "
+                f"{self._world:,} ranks hold one each ({on}): ranks past that wait in their spools for a "
+                "connection, and a console may find none; raise maxclients in its config (and the open "
+                "files it may use: ulimit -n)")
+        self.warning = said if self.warning is None else f"{self.warning}\n{said}"
 
     def _refresh_index(self) -> None:
         """Set the job's index keys again (``_register``: its set of streams, its metadata, its

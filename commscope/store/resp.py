@@ -246,6 +246,10 @@ class Connection:
         if "NOT ALLOWED IN CLUSTER MODE" in up:
             return StoreError(f"cannot use {self.shown}: it is a Redis Cluster node, and a cluster has only "
                               "database 0 (use /0 in the URL)")
+        if "MAX NUMBER OF CLIENTS" in up:  # (``redis_keeper.full`` reads Redis's own words)
+            return StoreError(f"cannot use {self.shown}: Redis said: {r} (it holds as many connections as its "
+                              "maxclients: a wide job's ranks hold one each; raise maxclients in its config, "
+                              "and the open files it may use: ulimit -n)")
         if "DB INDEX" in up:
             return StoreError(f"cannot use {self.shown}: no database {self.t.db} on that server")
         return StoreError(f"cannot use {self.shown}: Redis said: {r}")
