@@ -29,7 +29,7 @@ from commscope.bench.redis_server import (
 DATABASES = 64
 _db_numbers = itertools.cycle(range(1, DATABASES))
 
-__all__ = ["cluster_client", "filled", "redis_client", "redis_cluster", "redis_cluster_url", "redis_server", "redis_tls_cluster",
+__all__ = ["busiest_by_redis_py", "cluster_client", "filled", "redis_client", "redis_cluster", "redis_cluster_url", "redis_server", "redis_tls_cluster",
            "redis_tls_cluster_url", "redis_url", "require_redis_server", "tls_files"]
 
 
@@ -142,6 +142,22 @@ def cluster_client(url: str):
 
     t = parse_url(url)
     return redis.RedisCluster(host=t.host, port=t.port, password=t.password, protocol=2, **_tls_kwargs(t))
+
+
+def busiest_by_redis_py(url: str, job: str, world: int) -> int:
+    """The ranks of ``job`` (``world`` of them) on its busiest master, counted rank by rank by
+    redis-py (its own slot of each rank's stream and its own slot map): an independent look."""
+    from collections import Counter
+
+    from commscope.store.redis_keys import Keys
+
+    client = cluster_client(url)
+    try:
+        on = Counter(client.nodes_manager.get_node_from_slot(client.keyslot(Keys.stream(job, r))).port
+                     for r in range(world))
+    finally:
+        client.close()
+    return max(on.values())
 
 
 @pytest.fixture

@@ -464,22 +464,27 @@ def test_heat_frames_count_as_a_fresh_count_does_and_every_other_one_again_from_
 def test_the_clients_of_a_real_job_are_said_with_its_keepers_connects_past_the_hold(capsys, monkeypatch):
     """A real job's ranks are a process each (the bench's writer process is many): a writer
     and a keeper a rank where they leave an eighth of Redis's default maxclients spare on
-    each node (``redis_keeper.holds``), past it a writer a rank and a connect a keeper a pass."""
+    the busiest node (``redis_keeper.holds``), past it a writer a rank and a connect a keeper
+    a pass."""
     from commscope.bench.scale import _report_loads
     from commscope.store import keyframes
 
     monkeypatch.delenv(keyframes.ENV_EVERY, raising=False)  # (a keyframe every 2 s)
-    _report_loads([], 0.66, "redis://127.0.0.1:1/0", 16384)
+    _report_loads([], 0.66, "redis://127.0.0.1:1/0", 16384, 16384)
     wide = " ".join(capsys.readouterr().out.split())
     assert ("a real job of 16,384 ranks (a process each; here a writer process is many): 16,384 clients over the "
-            "nodes, a writer a rank; its keepers connect for each pass (a node's writers and keepers past 88% of "
-            "maxclients 10,000, Redis's default), ~8,192 connects/s over the nodes") in wide, wide
-    _report_loads([], 0.05, "redis://127.0.0.1:1/0", 4096)
+            "nodes, a writer a rank; its keepers connect for each pass (the busiest node's 16,384 ranks' writers "
+            "and keepers past 7/8 of maxclients 10,000, Redis's default), ~8,192 connects/s over the nodes") in wide, wide
+    _report_loads([], 0.05, "redis://127.0.0.1:1/0", 4096, 4096)
     narrow = " ".join(capsys.readouterr().out.split())
     assert "8,192 clients over the nodes, a writer a rank and its keeper of keyframes" in narrow, narrow
     from commscope.bench.scale import NodeLoad
 
     masters = [NodeLoad(f"127.0.0.1:{p}", 1.0, 1.0, 1.0) for p in (7000, 7001, 7002)]
-    _report_loads(masters, 0.66, "redis://127.0.0.1:7000/0", 12288)  # (4,096 a master: each holds 8,192)
+    _report_loads(masters, 0.66, "redis://127.0.0.1:7000/0", 12288, 4300)  # (the busiest's 8,600 clients)
     three = " ".join(capsys.readouterr().out.split())
     assert "24,576 clients over the nodes, a writer a rank and its keeper of keyframes" in three, three
+    _report_loads(masters, 0.66, "redis://127.0.0.1:7000/0", 12288, 4500)  # (9,000: past 7/8)
+    three = " ".join(capsys.readouterr().out.split())
+    assert "12,288 clients over the nodes, a writer a rank; its keepers connect for each pass (the busiest node's " \
+           "4,500 ranks'" in three, three

@@ -15,7 +15,7 @@ import time
 
 import pytest
 from redis_fixture import *  # noqa: F403  (the redis_server and redis_url fixtures)
-from redis_fixture import filled, redis_client
+from redis_fixture import busiest_by_redis_py, filled, redis_client
 
 from commscope import events as E
 from commscope.bench.redis_server import RedisServer
@@ -800,8 +800,9 @@ def test_a_writer_on_a_redis_too_small_for_its_job_s_ranks_warns_at_open_and_a_f
     """Each rank holds a connection: a Redis of ``maxclients`` 32 takes the writers of 28 ranks
     with an eighth spare (for consoles, ranks starting again), so a job of 29 is warned at
     open, once, with the evicting warning where both hold; a rank or console that then finds
-    it full is told what to change.  On a cluster, the ranks a master: 26,251 ranks over 3
-    masters of 10,000 pass 8,750 a master, 26,250 do not."""
+    it full is told what to change.  On a cluster of 3 masters of 10,000, the ranks on its
+    busiest master, counted rank by rank by redis-py: the fewest ranks that put more than
+    8,750 there are warned, one fewer are not."""
     from redis_fixture import require_redis_server
 
     require_redis_server()
@@ -832,11 +833,24 @@ def test_a_writer_on_a_redis_too_small_for_its_job_s_ranks_warns_at_open_and_a_f
             for s in held:
                 s.close()
         w.close()
-    for world, warned in ((26_250, False), (26_251, True)):
-        w = open_writer(redis_cluster_url, f"c{world}", 0, job_meta={"world_size": world})
-        assert (w.warning is not None) is warned, w.warning
-        assert not warned or "26,251 ranks hold one each (8,751 on each of its 3 masters)" in w.warning, w.warning
+    edge = _edge(redis_cluster_url, "cwide")
+    for world in (edge - 1, edge):
+        w = open_writer(redis_cluster_url, "cwide", world % 7, job_meta={"world_size": world})
+        assert (w.warning is not None) is (world == edge), w.warning
+        on = busiest_by_redis_py(redis_cluster_url, "cwide", world)
+        assert world < edge or f"{world:,} ranks hold one each ({on:,} on the busiest of its 3 masters)" in w.warning
         w.close()
+        delete_job(redis_cluster_url, "cwide")
+
+
+def _edge(url: str, job: str) -> int:
+    """The fewest ranks of ``job`` whose busiest master (redis-py's count) serves more than
+    7/8 of 10,000: adding a rank never lowers a master's count, so a bisection finds it."""
+    lo, hi = 8_750, 8_751 * 3  # (the busiest serves at least a third: 8,751 of 26,253)
+    while lo + 1 < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if busiest_by_redis_py(url, job, mid) > 8_750 else (mid, hi)
+    return hi
 
 
 def test_a_follower_reads_the_ends_its_writers_said_only_when_they_changed(tmp_path):

@@ -1073,10 +1073,11 @@ def _wrapped(text: str) -> str:
     return textwrap.fill(text, width=78, initial_indent="    ", subsequent_indent="    ")
 
 
-def _report_loads(loads: list[NodeLoad], every: float, store: str, ranks: int) -> None:
+def _report_loads(loads: list[NodeLoad], every: float, store: str, ranks: int, busiest: int) -> None:
     """Requests per second per Redis node, and what bounds them: how often a rank appends
     (``every``: its writer's pace, the store URL's ``rate=``); and the clients a job of
-    ``ranks`` ranks, each its own process, would hold (here a writer process holds many)."""
+    ``ranks`` ranks, each its own process, would hold (here a writer process holds many),
+    ``busiest`` of them on one master (``redis_keeper.busiest``)."""
     from commscope.store import keyframes, redis_keeper
     from commscope.store.cluster import DEFAULT_MAXCLIENTS
     from commscope.store.redis_keys import Keys
@@ -1096,12 +1097,12 @@ def _report_loads(loads: list[NodeLoad], every: float, store: str, ranks: int) -
               f"that its stream grew by {size(keyframes.MIN_BYTES)}"))
     if every_frame is not None:
         most = DEFAULT_MAXCLIENTS
-        held = redis_keeper.holds(ranks, len(loads), most)
+        held = redis_keeper.holds(busiest, most)
         print(f"    a real job of {ranks:,} ranks (a process each; here a writer process is many):\n"
               f"    {ranks * (2 if held else 1):,} clients over the nodes, a writer a rank"
               + (" and its keeper of keyframes" if held else
-                 f";\n    its keepers connect for each pass (a node's writers and keepers past\n"
-                 f"    {1 - redis_keeper.SPARE:.0%} of maxclients {most:,}, Redis's default), "
+                 f";\n    its keepers connect for each pass (the busiest node's {busiest:,} ranks' writers and\n"
+                 f"    keepers past 7/8 of maxclients {most:,}, Redis's default), "
                  f"~{ranks / every_frame:,.0f} connects/s over the nodes"))
 
 
@@ -1160,6 +1161,21 @@ def node_load(node: str, before: dict[str, int], after: dict[str, int], seconds:
     d["keyframes"] = frames
     d["info"] = max(0, d.get("info", 0) - 1)
     return NodeLoad(node, evals / seconds, reads / seconds, sum(d.values()) / seconds)
+
+
+def busiest_master(store: str, job: str, ranks: int) -> int:
+    """The ranks of ``job`` on its busiest master (``redis_keeper.busiest``)."""
+    from commscope.store import redis_keeper
+    from commscope.store.cluster import Nodes
+    from commscope.store.redis_url import parse_url
+
+    target = parse_url(store)
+    nodes = Nodes(target, target.display())
+    nodes.connect()
+    try:
+        return redis_keeper.busiest(nodes, job, ranks)
+    finally:
+        nodes.close()
 
 
 def frames_by_node(store: str, job: str, ranks: int) -> dict[str, int]:
@@ -1249,6 +1265,7 @@ def run(args: argparse.Namespace) -> int:
         results = list(writers.join(60).values())
         took = [(n.commands(), time.monotonic()) for n in nodes]
         frames = frames_by_node(store, plan.job, plan.ranks) if nodes else {}
+        busiest = busiest_master(store, plan.job, plan.ranks) if nodes else plan.ranks
         loads = [node_load(f"127.0.0.1:{n.port}", c0, c1, t1 - t0, frames.get(f"127.0.0.1:{n.port}", 0))
                  for n, (c0, t0), (c1, t1) in zip(nodes, counted, took, strict=True)]
     finally:
@@ -1262,11 +1279,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"  a writer failed: {failed[0].error}")
         return 1
     wrote = [r.value for r in results]
-    return _report(args, plan, seconds, wrote, seen, loads)
+    return _report(args, plan, seconds, wrote, seen, loads, busiest)
 
 
 def _report(args: argparse.Namespace, plan: Plan, seconds: float, wrote: list[dict], seen: Followed,
-            loads: list[NodeLoad]) -> int:
+            loads: list[NodeLoad], busiest: int) -> int:
     events = sum(x["events"] for x in wrote)
     writer_cpu = sum(x["cpu_s"] for x in wrote)
     want = plan.ranks * (plan.rate * plan.records + 2)  # a begin, an end (a done) a collective; a heartbeat, a sample
@@ -1285,7 +1302,7 @@ def _report(args: argparse.Namespace, plan: Plan, seconds: float, wrote: list[di
     print(f"  written: {events:,} events; {rate:,.0f} events/s before the fault (the job's: {want:,.0f});\n"
           f"    writers' CPU {writer_cpu / wall * 100:.0f}% of a core{kept}")
     if loads:
-        _report_loads(loads, max(x["every"] for x in wrote), plan.store, plan.ranks)
+        _report_loads(loads, max(x["every"] for x in wrote), plan.store, plan.ranks, busiest)
     read = seen.read_process_cpu_s
     procs = seen.read_processes
     which = "its read process, which makes" if procs == 1 else \

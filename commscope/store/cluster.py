@@ -54,6 +54,14 @@ def keyslot(key: bytes | str) -> int:
     return binascii.crc_hqx(k, 0) % SLOTS
 
 
+@dataclasses.dataclass(frozen=True)
+class Clients:
+    """What a Redis node says of its clients (``Nodes.clients``)."""
+
+    connected: int | None  # the clients connected now (None: it will not say)
+    most: int  # its ``maxclients``
+
+
 def _redirect(exc: ReplyError, sender: Address) -> tuple[str, Address] | None:
     """("MOVED" or "ASK", the node's address) of a redirection error; None for another.  An
     empty host ("MOVED 14415 :7001", ``cluster-preferred-endpoint-type unknown-endpoint``)
@@ -199,20 +207,24 @@ class Nodes:
         """The connection to the node serving ``key`` (connected now if need be)."""
         return self._conn(self.node(key))
 
-    def maxclients(self, key: bytes | str) -> int:
-        """The ``maxclients`` of the node of ``key`` (``INFO clients`` from Redis 7, ``CONFIG
-        GET`` before); ``DEFAULT_MAXCLIENTS`` where it will not say.  OSError or StoreError
-        where it cannot be reached."""
+    def clients(self, key: bytes | str) -> Clients:
+        """What the node of ``key`` says of its clients (``INFO clients``, Redis 7; its
+        ``maxclients`` by ``CONFIG GET`` before, and the clients connected not known;
+        ``DEFAULT_MAXCLIENTS`` where it says neither).  OSError or StoreError where it cannot
+        be reached."""
+        connected: int | None = None
         with contextlib.suppress(ReplyError, ValueError):
             info = self.call(key, "INFO", "clients")
-            for line in info.splitlines() if isinstance(info, bytes) else ():
-                if line.startswith(b"maxclients:"):
-                    return int(line.split(b":", 1)[1])
+            said = dict(line.split(b":", 1) for line in info.splitlines() if b":" in line) \
+                if isinstance(info, bytes) else {}
+            connected = int(said[b"connected_clients"]) if b"connected_clients" in said else None
+            if b"maxclients" in said:
+                return Clients(connected, int(said[b"maxclients"]))
         with contextlib.suppress(ReplyError, ValueError, TypeError):
             reply = self.call(key, "CONFIG", "GET", "maxclients")
             if isinstance(reply, list) and len(reply) == 2:
-                return int(reply[1])
-        return DEFAULT_MAXCLIENTS
+                return Clients(connected, int(reply[1]))
+        return Clients(connected, DEFAULT_MAXCLIENTS)
 
     def keep_only(self, *keys: bytes | str) -> None:
         """Close the connections to every node but those of ``keys``: a writer appends to one

@@ -10,8 +10,9 @@ cluster nodes the writer knew on its first two lines of standard input, then a s
 ``RANK INCARNATION`` a line, as each writer names its stream, and ends when its input
 ends (the last writer of the process closed, or the process died).  It holds a connection
 where Redis has room for the job's writers and keepers and clients to spare (``holds``:
-``maxclients`` as Redis says it); otherwise, or once Redis refused it a connection as
-full, it connects for each pass over its streams and closes after it: the job's clients
+``maxclients`` as Redis says it, on the job's busiest master); otherwise, or once Redis
+refused it a connection as full, or its clients passed 7/8 of ``maxclients`` (other jobs,
+consoles: ``crowded``), it connects for each pass over its streams and closes after it: the job's clients
 are then its ranks' writers, not twice them, at the cost of a connection a pass (~0.1 ms
 of Redis's CPU), and a console or a rank starting again still finds a free one.
 """
@@ -23,12 +24,13 @@ import os
 import re
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import BinaryIO
 
 from commscope.store import children, redis_marks
 from commscope.store.base import StoreError, Stream
-from commscope.store.cluster import Nodes
+from commscope.store.cluster import Clients, Nodes
 from commscope.store.redis_keys import Keys
 from commscope.store.redis_url import parse_url
 from commscope.store.resp import ReplyError
@@ -45,18 +47,39 @@ FAILED_WAIT = 30
 #: each with a password, 0.09 ms without), where holding would pass maxclients.
 SPARE = 1 / 8
 
-
-def room(world: int, masters: int, maxclients: int, each: int = 1) -> bool:
-    """Whether a job of ``world`` ranks holding ``each`` connections a rank, spread evenly
-    over ``masters``, leaves ``SPARE`` of a master's ``maxclients`` free: 2, its writers and
-    keepers (``holds``); 1, its writers alone (a writer warns at open where they do not)."""
-    per_master = -(-world // max(1, masters))
-    return each * per_master <= maxclients * (1 - SPARE)
+#: A keeper holding its connection asks Redis how many clients it has every this many
+#: periods, and lets go where they passed 7/8 of ``maxclients`` (``crowded``)
+LOOK_PERIODS = 30
 
 
-def holds(world: int, masters: int, maxclients: int) -> bool:
-    """Whether the keepers of a job of ``world`` ranks may each hold a connection."""
-    return room(world, masters, maxclients, 2)
+def room(ranks: int, maxclients: int, each: int = 1) -> bool:
+    """Whether ``ranks`` ranks of a job on one master (``busiest``), holding ``each``
+    connections a rank, leave ``SPARE`` of its ``maxclients`` free: 2, their writers and
+    keepers (``holds``); 1, their writers alone (a writer warns at open where they do not)."""
+    return each * ranks <= maxclients * (1 - SPARE)
+
+
+def holds(ranks: int, maxclients: int) -> bool:
+    """Whether the keepers of a job whose busiest master serves ``ranks`` ranks may each hold
+    a connection."""
+    return room(ranks, maxclients, 2)
+
+
+def crowded(clients: Clients) -> bool:
+    """Whether a node's clients (of every job, consoles) passed 7/8 of its ``maxclients``."""
+    return clients.connected is not None and clients.connected > clients.most * (1 - SPARE)
+
+
+def busiest(nodes: Nodes, job: str, world: int) -> int:
+    """The ranks of ``job`` (``world`` of them) on its busiest master: a rank's stream sits in
+    one of ``Keys.SHARDS`` hash slots (its rank modulo), which split unevenly over a
+    cluster's masters (helper-161: 4,564 of 13,125 ranks on one of three, not 4,375)."""
+    if not nodes.cluster:
+        return world
+    on: Counter[tuple[str, int]] = Counter()
+    for shard in range(min(world, Keys.SHARDS)):
+        on[nodes.node(Keys.stream(job, shard))] += world // Keys.SHARDS + (shard < world % Keys.SHARDS)
+    return max(on.values(), default=world)
 
 
 def full(exc: Exception) -> bool:
@@ -90,6 +113,7 @@ def keep(url: str, job: str, commands: BinaryIO, every_s: float, known: Sequence
     followed: dict[Stream, redis_marks.Framed] = {}
     sent = children.Commands(commands)
     up = False  # (the slot map read: connections are made as the streams' nodes are asked)
+    looked = 0.0  # (when Redis's clients were last asked)
     try:
         while True:
             lines = sent.wait(every_s / 2)
@@ -109,8 +133,11 @@ def keep(url: str, job: str, commands: BinaryIO, every_s: float, known: Sequence
                     if not up:
                         nodes.connect()
                         up = True
-                        if hold is None:
-                            hold = holds(world, len(nodes.masters()), nodes.maxclients(Keys.JOBS))
+                    if hold is None:  # (its stream's master: the one it would hold)
+                        seen = nodes.clients(f.key)
+                        hold, looked = holds(busiest(nodes, job, world), seen.most) and not crowded(seen), t
+                    elif hold and t >= looked + LOOK_PERIODS * every_s:  # (other jobs, consoles, since)
+                        hold, looked = not crowded(nodes.clients(f.key)), t
                     redis_marks.frame(nodes, f)
                 except ReplyError as exc:
                     if wrong_type(exc):
@@ -119,10 +146,11 @@ def keep(url: str, job: str, commands: BinaryIO, every_s: float, known: Sequence
                         f.due = t + every_s
                     continue
                 except (OSError, StoreError) as exc:
-                    if full(exc):  # (holding, it would take a connection a writer or a console needs)
-                        hold = False
                     nodes.reset()
-                    up = False
+                    if full(exc):  # (holding, it would take a connection a writer or a console needs)
+                        hold = False  # (the slot map kept: Redis answered)
+                    else:
+                        up = False
                     break  # (Redis away or full: every stream again a step later)
                 except Exception:  # (this stream's: the others go on)
                     f.due = t + FAILED_WAIT * every_s
@@ -167,7 +195,8 @@ def follow(keeper: children.Keeper, stream: Stream) -> None:
 def main(argv: list[str]) -> int:
     # (a writer of before ``holds`` said "hold" or "close", and before that nothing: it held)
     world = {"hold": 1, "close": None}.get(argv[2], argv[2]) if len(argv) == 3 else 1
-    if len(argv) not in (2, 3) or not (world is None or str(world).isdigit() and int(world) > 0):
+    if len(argv) not in (2, 3) or not (world is None or str(world).isascii() and str(world).isdigit()
+                                       and int(world) > 0):
         print("usage: python -m commscope.store.redis_keeper JOB EVERY_S WORLD_SIZE  (on standard input: the "
               "store URL, the nodes known, then the streams)", file=sys.stderr)
         return 2

@@ -303,15 +303,16 @@ class RedisWriter:
         self._refreshed = time.monotonic() - self.refresh_every * (1.0 - (self.rank * 0.6180339887) % 1.0)
 
     def _heed_clients(self) -> None:
-        """At open: a Redis whose ``maxclients`` the job's writers alone would fill (their
-        ranks spread over its masters, ``redis_keeper.room``) refuses some of them, and
+        """At open: a Redis whose ``maxclients`` the job's writers alone would fill on its
+        busiest master (``redis_keeper.room``, ``busiest``) refuses some of them, and
         consoles: say so once (``warning``), with what to change."""
         nodes = self._nodes
         masters = len(nodes.masters())
-        most = nodes.maxclients(self.key)
-        if redis_keeper.room(self._world, masters, most):
+        ranks = redis_keeper.busiest(nodes, self.job, self._world)
+        most = nodes.clients(self.key).most
+        if redis_keeper.room(ranks, most):
             return
-        on = "on it" if masters == 1 else f"{-(-self._world // masters):,} on each of its {masters} masters"
+        on = "on it" if masters == 1 else f"{ranks:,} on the busiest of its {masters} masters"
         said = (f"commscope: {self._shown} takes {most:,} clients at most (maxclients), and this job's "
                 f"{self._world:,} ranks hold one each ({on}): ranks past that wait in their spools for a "
                 "connection, and a console may find none; raise maxclients in its config (and the open "
