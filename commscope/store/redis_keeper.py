@@ -10,11 +10,12 @@ cluster nodes the writer knew on its first two lines of standard input, then a s
 ``RANK INCARNATION`` a line, as each writer names its stream, and ends when its input
 ends (the last writer of the process closed, or the process died).  It holds a connection
 where Redis has room for the job's writers and keepers and clients to spare (``holds``:
-``maxclients`` as Redis says it, on the job's busiest master); otherwise, or once Redis
-refused it a connection as full, or its clients passed 7/8 of ``maxclients`` (other jobs,
-consoles: ``crowded``), it connects for each pass over its streams and closes after it: the job's clients
-are then its ranks' writers, not twice them, at the cost of a connection a pass (~0.1 ms
-of Redis's CPU), and a console or a rank starting again still finds a free one.
+``maxclients`` as Redis says it, on the job's busiest master); otherwise, once Redis
+refused it a connection as full, or once its clients passed 7/8 of ``maxclients`` (other
+jobs, consoles: ``crowded``), it connects for each pass over its streams and closes after
+it: the job's clients are then its ranks' writers, not twice them, at the cost of a
+connection a pass (~0.1 ms of Redis's CPU), and a console or a rank starting again still
+finds a free one.
 """
 
 from __future__ import annotations
@@ -106,7 +107,8 @@ def keep(url: str, job: str, commands: BinaryIO, every_s: float, known: Sequence
     (out of memory, a cluster failing over, a read-only replica): the stream tried again a
     period later.  A key that is not a stream (WRONGTYPE) is no longer followed.  ``hold``:
     whether a connection is held between passes; None: as ``holds`` says for a job of
-    ``world`` ranks at the first connect; never once Redis refused one as full."""
+    ``world`` ranks at the first connect; never once Redis refused one as full or was
+    ``crowded``."""
     target = parse_url(url)
     nodes = Nodes(target, target.display())
     nodes.know(known)
