@@ -25,6 +25,7 @@ from commscope.analysis.diagnose import default_hang_after, diagnose, trace_now
 from commscope.analysis.source import load_trace, open_source
 from commscope.bench.redis_server import RedisServer
 from commscope.store import children, keyframes, redis_keeper, redis_marks
+from commscope.store.base import StoreError
 from commscope.store.cluster import DEFAULT_MAXCLIENTS, Clients, Nodes, keyslot
 from commscope.store.redis_store import Keys, RedisWriter, delete_job
 from commscope.store.redis_url import parse_url
@@ -246,6 +247,44 @@ def test_a_keeper_refused_by_a_full_redis_no_longer_holds_a_connection(small_red
     assert all(f.exact for f in frames_of(small_redis.url, "job"))
 
 
+def test_a_cluster_keeper_refused_as_full_no_longer_holds_a_connection(redis_cluster, redis_cluster_url, every_02):
+    """A cluster node words its refusal "ERR max number of clients + cluster connections
+    reached" (helper-162: the keeper read only one Redis's words, and held again).  The
+    stream's master given 16 clients (its cluster bus links among them) and filled by the
+    test, then room made."""
+    look = Nodes(parse_url(redis_cluster_url), "test")
+    look.connect()
+    key = Keys.stream("job", 0)
+    server = next(x for x in redis_cluster.servers if x.port == look.node(key)[1])
+    was = redis_cluster.cli("CONFIG", "GET", "maxclients", server=server).split()[-1]
+    w = RedisWriter(redis_cluster_url, "job", 0, {"world_size": 2}, mark_every_s=1e9)
+    redis_cluster.cli("CONFIG", "SET", "maxclients", "16", server=server)
+    fillers = []
+    try:
+        fillers = filled(server)
+
+        def rejected() -> int:
+            stats = look.call(key, "INFO", "stats").decode()
+            return int(re.search(r"rejected_connections:(\d+)", stats).group(1))
+
+        before = rejected()
+        w.write([meta(0, 2), begin(7, 1)])
+        beats = Beats(w)
+        beats.until(lambda: w._keeper is not None and rejected() > before, "the keeper refused")
+    finally:
+        for s in fillers:
+            s.close()
+        redis_cluster.cli("CONFIG", "SET", "maxclients", was, server=server)
+    beats.until(lambda: len(frames_of(redis_cluster_url, "job")) >= 2, "two keyframes once Redis has room")
+    beats.until(lambda: keeper_links(w, server.port) == [], "the keeper with no connection to its master")
+    had = len(frames_of(redis_cluster_url, "job"))
+    beats.until(lambda: len(frames_of(redis_cluster_url, "job")) >= had + 2, "keyframes after it")
+    w.close()
+    look.close()
+    assert redis_keeper.full(StoreError("cannot use x: Redis said: ERR max number of clients + cluster connections "
+                                        "reached (it holds as many connections as its maxclients: ...)"))
+
+
 def frames_of_on(nodes: Nodes, job: str, rank: int = 0) -> list[redis_marks.Mark]:
     """``frames_of`` on a connection already open (a full Redis takes no new one)."""
     key = Keys.frames(job, rank)
@@ -323,14 +362,14 @@ def test_a_keeper_holding_lets_go_once_redis_s_clients_pass_seven_eighths(small_
     assert all(f.exact for f in frames_of(small_redis.url, "job"))
 
 
-@pytest.mark.parametrize("config, said", [({"maxclients": 123}, (1, 123)), ({"rename-command": 'INFO ""'}, (None, 10_000)),
-                                          ({"maxclients": 77, "rename-command": 'INFO ""'}, (None, 77)),
+@pytest.mark.parametrize("config, said", [({"maxclients": 123}, (1, 123, True)),
+                                          ({"maxclients": 77, "rename-command": 'INFO ""'}, (None, 77, True)),
                                           ({"maxclients": 77, "user": "default on nopass ~* &* +@all -info -config"},
-                                           (None, DEFAULT_MAXCLIENTS))])
+                                           (None, DEFAULT_MAXCLIENTS, False))])
 def test_redis_s_clients_are_read_as_it_says_them(tmp_path, config, said):
     """``INFO clients`` (Redis 7): the clients connected (the test's one) and ``maxclients``;
     ``CONFIG GET`` where INFO is not there (before Redis 7, or renamed); Redis's default
-    where an ACL allows neither."""
+    where an ACL allows neither, said to be assumed."""
     with RedisServer(binary=require_redis_server(), data_dir=tmp_path / "r", extra=config) as server:
         server.start()
         nodes = Nodes(parse_url(server.url), "test")

@@ -15,7 +15,7 @@ import time
 
 import pytest
 from redis_fixture import *  # noqa: F403  (the redis_server and redis_url fixtures)
-from redis_fixture import busiest_by_redis_py, filled, redis_client
+from redis_fixture import busiest_by_redis_py, cluster_client, filled, redis_client
 
 from commscope import events as E
 from commscope.bench.redis_server import RedisServer
@@ -796,13 +796,11 @@ def test_a_writer_on_a_redis_that_evicts_warns_at_open_and_sets_the_jobs_index_a
 
 
 def test_a_writer_on_a_redis_too_small_for_its_job_s_ranks_warns_at_open_and_a_full_one_says_what_to_change(
-        tmp_path, redis_cluster_url):
+        tmp_path):
     """Each rank holds a connection: a Redis of ``maxclients`` 32 takes the writers of 28 ranks
     with an eighth spare (for consoles, ranks starting again), so a job of 29 is warned at
     open, once, with the evicting warning where both hold; a rank or console that then finds
-    it full is told what to change.  On a cluster of 3 masters of 10,000, the ranks on its
-    busiest master, counted rank by rank by redis-py: the fewest ranks that put more than
-    8,750 there are warned, one fewer are not."""
+    it full is told what to change."""
     from redis_fixture import require_redis_server
 
     require_redis_server()
@@ -815,10 +813,9 @@ def test_a_writer_on_a_redis_too_small_for_its_job_s_ranks_warns_at_open_and_a_f
         w = open_writer(server.url, "wide", 0, job_meta={"world_size": 29})
         first, second = w.warning.split("\n")
         assert "evicts keys when full" in first
-        assert second == (f"commscope: {server.url} takes 32 clients at most (maxclients), and this job's 29 ranks "
-                          "hold one each (on it): ranks past that wait in their spools for a connection, and a "
-                          "console may find none; raise maxclients in its config (and the open files it may use: "
-                          "ulimit -n)")
+        assert second == (f"commscope: {server.url} takes 32 clients a master (maxclients), and this job puts 29 "
+                          "ranks on it, a connection each: too few are left for consoles and ranks starting again; "
+                          "raise maxclients to 34 or more (and Redis's open files: ulimit -n)")
         held = filled(server)
         try:
             for opening, url in ((lambda: open_writer(server.url, "wide", 1, job_meta={"world_size": 29}), server.url),
@@ -833,23 +830,88 @@ def test_a_writer_on_a_redis_too_small_for_its_job_s_ranks_warns_at_open_and_a_f
             for s in held:
                 s.close()
         w.close()
-    edge = _edge(redis_cluster_url, "cwide")
+
+
+def test_a_writer_on_a_redis_other_clients_fill_warns_at_open(tmp_path):
+    """Other jobs or consoles may fill a Redis a narrow job fits: past 15/16 of its
+    ``maxclients`` in clients (the writer's own among them) a rank warns at open."""
+    from redis_fixture import require_redis_server
+
+    require_redis_server()
+    with RedisServer(data_dir=tmp_path / "r", extra={"maxclients": 32}) as server:
+        server.start()
+        held = filled(server)
+        try:
+            for s in held[:2]:  # (room for the writer and one more: 31 clients with it, past 30)
+                s.close()
+            held = held[2:]
+            look = redis_client(server.url)
+            wait_until = time.monotonic() + 60
+            while look.info("clients")["connected_clients"] != 31:  # (Redis saw the two go; this one came)
+                assert time.monotonic() < wait_until, look.info("clients")
+                time.sleep(0.01)
+            look.close()
+            w = open_writer(server.url, "crowd", 0, job_meta={"world_size": 2})
+            assert w.warning == (f"commscope: {server.url} already serves 31 of the 32 clients it takes (maxclients) "
+                                 "on this rank's master: ranks of this job may find none (they wait in their spools), "
+                                 "nor consoles; raise maxclients (and Redis's open files: ulimit -n)"), w.warning
+            w.close()
+        finally:
+            for s in held:
+                s.close()
+
+
+def test_a_writer_on_a_cluster_is_warned_by_its_busiest_master_and_only_where_it_is_known(redis_cluster_url):
+    """On a cluster the ranks on its busiest master count (counted rank by rank by redis-py
+    here): the fewest ranks that put more than 7/8 of its ``maxclients`` there are warned,
+    one fewer are not.  An ACL user that may not read the slot map (it learns it from
+    MOVED) cannot say the spread: no warning, and ``busiest`` says it does not know."""
+    from commscope.store import redis_keeper
+    from commscope.store.cluster import Nodes
+
+    nodes = Nodes(parse_url(redis_cluster_url), "test")
+    nodes.connect()
+    most = nodes.clients(Keys.JOBS).most  # (10,000, or fewer where Redis's open files are limited)
+    edge = _edge(redis_cluster_url, "cwide", most * 7 // 8)
     for world in (edge - 1, edge):
         w = open_writer(redis_cluster_url, "cwide", world % 7, job_meta={"world_size": world})
         assert (w.warning is not None) is (world == edge), w.warning
         on = busiest_by_redis_py(redis_cluster_url, "cwide", world)
-        assert world < edge or f"{world:,} ranks hold one each ({on:,} on the busiest of its 3 masters)" in w.warning
+        assert world < edge or f"this job puts {on:,} ranks on its busiest master" in w.warning, w.warning
         w.close()
         delete_job(redis_cluster_url, "cwide")
+    ports = [n.port for n in redis_cluster_client_nodes(redis_cluster_url)]
+    try:
+        for port in ports:  # (ACLs are a node's own: set on each master)
+            redis_client(f"redis://127.0.0.1:{port}/0").execute_command(
+                "ACL", "SETUSER", "nomap", "on", ">pw", "~*", "&*", "+@all", "-cluster")
+        limited = redis_cluster_url.replace("redis://", "redis://nomap:pw@")
+        w = open_writer(limited, "cwide", 1, job_meta={"world_size": edge * 3})
+        assert w.warning is None and w._nodes.learning
+        assert redis_keeper.busiest(w._nodes, "cwide", edge * 3) is None
+        w.close()
+        delete_job(redis_cluster_url, "cwide")
+    finally:
+        for port in ports:
+            redis_client(f"redis://127.0.0.1:{port}/0").execute_command("ACL", "DELUSER", "nomap")
+        nodes.close()
 
 
-def _edge(url: str, job: str) -> int:
+def redis_cluster_client_nodes(url: str) -> list:
+    client = cluster_client(url)
+    try:
+        return client.get_primaries()
+    finally:
+        client.close()
+
+
+def _edge(url: str, job: str, most: int) -> int:
     """The fewest ranks of ``job`` whose busiest master (redis-py's count) serves more than
-    7/8 of 10,000: adding a rank never lowers a master's count, so a bisection finds it."""
-    lo, hi = 8_750, 8_751 * 3  # (the busiest serves at least a third: 8,751 of 26,253)
+    ``most``: adding a rank never lowers a master's count, so a bisection finds it."""
+    lo, hi = most, (most + 1) * 3  # (the busiest serves at least a third)
     while lo + 1 < hi:
         mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if busiest_by_redis_py(url, job, mid) > 8_750 else (mid, hi)
+        lo, hi = (lo, mid) if busiest_by_redis_py(url, job, mid) > most else (mid, hi)
     return hi
 
 

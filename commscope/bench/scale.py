@@ -1101,9 +1101,9 @@ def _report_loads(loads: list[NodeLoad], every: float, store: str, ranks: int, b
         print(f"    a real job of {ranks:,} ranks (a process each; here a writer process is many):\n"
               f"    {ranks * (2 if held else 1):,} clients over the nodes, a writer a rank"
               + (" and its keeper of keyframes" if held else
-                 f";\n    its keepers connect for each pass (the busiest node's {busiest:,} ranks' writers and\n"
-                 f"    keepers past 7/8 of maxclients {most:,}, Redis's default), "
-                 f"~{ranks / every_frame:,.0f} connects/s over the nodes"))
+                 f";\n    its keepers connect for each pass (the busiest node's {busiest:,} ranks' writers\n"
+                 f"    and keepers past 7/8 of maxclients {most:,}, Redis's default),\n"
+                 f"    ~{ranks / every_frame:,.0f} connects/s over the nodes"))
 
 
 # ------------------------------------------------------------------ the suite
@@ -1173,7 +1173,7 @@ def busiest_master(store: str, job: str, ranks: int) -> int:
     nodes = Nodes(target, target.display())
     nodes.connect()
     try:
-        return redis_keeper.busiest(nodes, job, ranks)
+        return redis_keeper.busiest(nodes, job, ranks) or ranks  # (never None for the bench's own user)
     finally:
         nodes.close()
 

@@ -58,8 +58,9 @@ def keyslot(key: bytes | str) -> int:
 class Clients:
     """What a Redis node says of its clients (``Nodes.clients``)."""
 
-    connected: int | None  # the clients connected now (None: it will not say)
+    connected: int | None  # the clients connected now, its cluster bus links too (None: it will not say)
     most: int  # its ``maxclients``
+    said: bool = True  # False: ``most`` is Redis's default, assumed where it would not say
 
 
 def _redirect(exc: ReplyError, sender: Address) -> tuple[str, Address] | None:
@@ -95,6 +96,7 @@ class Nodes:
     MAX_REDIRECTS = 8
     #: slots learnt one at a time from MOVED (an ACL user that may not read the map)
     _learning = False
+    _single = False  # (a Redis that said it is no cluster: ``learning`` has nothing to learn)
 
     def __init__(self, target: RedisTarget, shown: str):
         self.target = target
@@ -146,10 +148,11 @@ class Nodes:
             return
         try:
             self._read_map(conn, address)
-        except ReplyError:
+        except ReplyError as exc:
             self._slots = [address] * SLOTS if self.cluster else [address]
             self.version += 1
             self._learning = True
+            self._single = "cluster support disabled" in str(exc)  # (one Redis, as it says: nothing to learn)
 
     def _read_map(self, conn: Connection, asked: Address) -> None:
         """The slot map from ``asked`` (ReplyError where it is not a cluster, or will not say)."""
@@ -184,6 +187,13 @@ class Nodes:
         """The address of the node serving ``key``."""
         return self._slots[keyslot(key)] if self.cluster else self._slots[0]
 
+    @property
+    def learning(self) -> bool:
+        """Whether the slot map is being learnt from redirections (an ACL user that may not
+        read it): which node serves a slot is not known until a key there was asked.
+        Never for one Redis that said it is one."""
+        return self._learning and not self._single
+
     def masters(self) -> list[Address]:
         """Every node known to serve slots (one, for a single Redis)."""
         if self._masters[0] != self.version:
@@ -217,14 +227,15 @@ class Nodes:
             info = self.call(key, "INFO", "clients")
             said = dict(line.split(b":", 1) for line in info.splitlines() if b":" in line) \
                 if isinstance(info, bytes) else {}
-            connected = int(said[b"connected_clients"]) if b"connected_clients" in said else None
+            if b"connected_clients" in said:  # (a cluster's bus links count against maxclients too)
+                connected = int(said[b"connected_clients"]) + int(said.get(b"cluster_connections", 0))
             if b"maxclients" in said:
                 return Clients(connected, int(said[b"maxclients"]))
         with contextlib.suppress(ReplyError, ValueError, TypeError):
             reply = self.call(key, "CONFIG", "GET", "maxclients")
             if isinstance(reply, list) and len(reply) == 2:
                 return Clients(connected, int(reply[1]))
-        return Clients(connected, DEFAULT_MAXCLIENTS)
+        return Clients(connected, DEFAULT_MAXCLIENTS, said=False)
 
     def keep_only(self, *keys: bytes | str) -> None:
         """Close the connections to every node but those of ``keys``: a writer appends to one

@@ -11,7 +11,7 @@ cluster nodes the writer knew on its first two lines of standard input, then a s
 ends (the last writer of the process closed, or the process died).  It holds a connection
 where Redis has room for the job's writers and keepers and clients to spare (``holds``:
 ``maxclients`` as Redis says it, on the job's busiest master); otherwise, once Redis
-refused it a connection as full, or once its clients passed 7/8 of ``maxclients`` (other
+refused it a connection as full, or once its clients passed 15/16 of ``maxclients`` (other
 jobs, consoles: ``crowded``), it connects for each pass over its streams and closes after
 it: the job's clients are then its ranks' writers, not twice them, at the cost of a
 connection a pass (~0.1 ms of Redis's CPU), and a console or a rank starting again still
@@ -49,8 +49,12 @@ FAILED_WAIT = 30
 SPARE = 1 / 8
 
 #: A keeper holding its connection asks Redis how many clients it has every this many
-#: periods, and lets go where they passed 7/8 of ``maxclients`` (``crowded``)
+#: periods, and lets go where they passed ``CROWDED`` of ``maxclients`` (``crowded``)
 LOOK_PERIODS = 30
+
+#: The share of ``maxclients`` past which a keeper lets go (``crowded``): half the spare
+#: taken by others (a job at the edge of ``holds`` with a console or two keeps holding)
+CROWDED = 1 - SPARE / 2
 
 
 def room(ranks: int, maxclients: int, each: int = 1) -> bool:
@@ -67,14 +71,18 @@ def holds(ranks: int, maxclients: int) -> bool:
 
 
 def crowded(clients: Clients) -> bool:
-    """Whether a node's clients (of every job, consoles) passed 7/8 of its ``maxclients``."""
-    return clients.connected is not None and clients.connected > clients.most * (1 - SPARE)
+    """Whether a node's clients (of every job, consoles) passed ``CROWDED`` of its
+    ``maxclients``."""
+    return clients.connected is not None and clients.connected > clients.most * CROWDED
 
 
-def busiest(nodes: Nodes, job: str, world: int) -> int:
+def busiest(nodes: Nodes, job: str, world: int) -> int | None:
     """The ranks of ``job`` (``world`` of them) on its busiest master: a rank's stream sits in
     one of ``Keys.SHARDS`` hash slots (its rank modulo), which split unevenly over a
-    cluster's masters (helper-161: 4,564 of 13,125 ranks on one of three, not 4,375)."""
+    cluster's masters (helper-161: 4,564 of 13,125 ranks on one of three, not 4,375).
+    None where the slot map is learnt from redirections (an ACL user without CLUSTER)."""
+    if nodes.learning:
+        return None
     if not nodes.cluster:
         return world
     on: Counter[tuple[str, int]] = Counter()
@@ -86,7 +94,7 @@ def busiest(nodes: Nodes, job: str, world: int) -> int:
 def full(exc: Exception) -> bool:
     """Whether Redis refused a connection as it holds ``maxclients`` already (it says so to a
     new client, then closes it; ``Connection.connect`` quotes it)."""
-    return "max number of clients reached" in str(exc)
+    return "max number of clients" in str(exc)  # (a cluster node: "... + cluster connections reached")
 
 
 _WRONG_TYPE = re.compile(r"(?:^|: )WRONGTYPE ")
@@ -136,8 +144,9 @@ def keep(url: str, job: str, commands: BinaryIO, every_s: float, known: Sequence
                         nodes.connect()
                         up = True
                     if hold is None:  # (its stream's master: the one it would hold)
-                        seen = nodes.clients(f.key)
-                        hold, looked = holds(busiest(nodes, job, world), seen.most) and not crowded(seen), t
+                        seen, ranks = nodes.clients(f.key), busiest(nodes, job, world)
+                        # (the job's spread unknown: Redis's clients and refusals alone say)
+                        hold, looked = (ranks is None or holds(ranks, seen.most)) and not crowded(seen), t
                     elif hold and t >= looked + LOOK_PERIODS * every_s:  # (other jobs, consoles, since)
                         hold, looked = not crowded(nodes.clients(f.key)), t
                     redis_marks.frame(nodes, f)
@@ -148,11 +157,10 @@ def keep(url: str, job: str, commands: BinaryIO, every_s: float, known: Sequence
                         f.due = t + every_s
                     continue
                 except (OSError, StoreError) as exc:
-                    nodes.reset()
                     if full(exc):  # (holding, it would take a connection a writer or a console needs)
-                        hold = False  # (the slot map kept: Redis answered)
-                    else:
-                        up = False
+                        hold = False
+                    nodes.reset()
+                    up = False
                     break  # (Redis away or full: every stream again a step later)
                 except Exception:  # (this stream's: the others go on)
                     f.due = t + FAILED_WAIT * every_s

@@ -23,6 +23,7 @@ of this layout.  The RESP client is ``commscope.store.resp`` (why not redis-py: 
 from __future__ import annotations
 
 import dataclasses
+import math
 import subprocess
 import time
 from collections import deque
@@ -303,20 +304,26 @@ class RedisWriter:
         self._refreshed = time.monotonic() - self.refresh_every * (1.0 - (self.rank * 0.6180339887) % 1.0)
 
     def _heed_clients(self) -> None:
-        """At open: a Redis whose ``maxclients`` the job's writers alone would fill on its
-        busiest master (``redis_keeper.room``, ``busiest``) refuses some of them, and
-        consoles: say so once (``warning``), with what to change."""
+        """At open: a Redis that cannot take the job's writers with room to spare on its
+        busiest master (``redis_keeper.room``, ``busiest``), or whose clients already fill
+        it (other jobs: ``crowded``), refuses some ranks, and consoles: say so once
+        (``warning``), with what to change.  Nothing said of a ``maxclients`` Redis would not
+        tell, nor of a spread it would not (an ACL user without INFO, CONFIG or CLUSTER)."""
         nodes = self._nodes
-        masters = len(nodes.masters())
         ranks = redis_keeper.busiest(nodes, self.job, self._world)
-        most = nodes.clients(self.key).most
-        if redis_keeper.room(ranks, most):
+        seen = nodes.clients(self.key)
+        on = "it" if len(nodes.masters()) == 1 and not nodes.learning else "its busiest master"
+        if seen.said and ranks is not None and not redis_keeper.room(ranks, seen.most):
+            said = (f"commscope: {self._shown} takes {seen.most:,} clients a master (maxclients), and this job "
+                    f"puts {ranks:,} ranks on {on}, a connection each: too few are left for consoles and ranks "
+                    f"starting again; raise maxclients to {math.ceil(ranks / (1 - redis_keeper.SPARE)):,} or more "
+                    "(and Redis's open files: ulimit -n)")
+        elif redis_keeper.crowded(seen):
+            said = (f"commscope: {self._shown} already serves {seen.connected:,} of the {seen.most:,} clients it "
+                    "takes (maxclients) on this rank's master: ranks of this job may find none (they wait in "
+                    "their spools), nor consoles; raise maxclients (and Redis's open files: ulimit -n)")
+        else:
             return
-        on = "on it" if masters == 1 else f"{ranks:,} on the busiest of its {masters} masters"
-        said = (f"commscope: {self._shown} takes {most:,} clients at most (maxclients), and this job's "
-                f"{self._world:,} ranks hold one each ({on}): ranks past that wait in their spools for a "
-                "connection, and a console may find none; raise maxclients in its config (and the open "
-                "files it may use: ulimit -n)")
         self.warning = said if self.warning is None else f"{self.warning}\n{said}"
 
     def _refresh_index(self) -> None:
