@@ -267,6 +267,69 @@ os.kill(os.getpid(), signal.SIGKILL)
 """
 
 
+NEVER_CHILD = """
+import os, signal, sys
+from commscope import events as E
+from commscope.record.pyspool import PyRing
+from commscope.store import spool
+url, job, ts = sys.argv[1], sys.argv[2], int(sys.argv[3])
+sp = spool.Spool.create({"job": job, "store_id": spool.store_id(url), "store": url, "rank": 0, "inc": 0,
+                         "run": "?", "host": "h", "pid": os.getpid()}, ring=1 << 16)
+ring = PyRing()
+ring.attach(sp.fd)
+ring.note_meta(E.encode({"v": 1, "type": "meta", "rank": 0, "ts": ts, "world_size": 1}))
+for i in range(3):  # (its store refused it all along: every record waits in the spool)
+    ring.keep_event(E.encode({"v": 1, "type": "heartbeat", "rank": 0, "ts": ts + i + 1}))
+print(sp.path, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_job_that_never_reached_redis_is_read_as_the_newest_of_its_time_beside_other_jobs(redis_url):
+    """A job whose ranks never reached Redis (full, a wrong password) waits in their spools;
+    the next reader on the host forwards it, whether or not the store holds other jobs
+    (helper-163: check read the job before it, "healthy"), and it takes its place among the
+    jobs by its ranks' start, not by the forward (a later run's launcher that forwarded it
+    made it the newest: its hint then showed the earlier run)."""
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from commscope.store import spool
+
+    def never(job: str, ts: int) -> Path:
+        p = subprocess.run([sys.executable, "-c", NEVER_CHILD, redis_url, job, str(ts)], capture_output=True,
+                           text=True)
+        assert p.returncode == -signal.SIGKILL, p.stderr
+        return Path(p.stdout.strip())
+
+    def newest() -> str:
+        reader = open_reader(redis_url)
+        try:
+            return reader.job_id
+        finally:
+            reader.close()
+
+    older = open_writer(redis_url, "older", 0, job_meta={"world_size": 1})
+    older.write(lines(0, 1, 2))
+    older.close()
+    paths = [never("unsent", time.time_ns())]  # (after "older" began)
+    try:
+        assert newest() == "unsent"
+        got = open_reader(redis_url + "?job=unsent").read_all()
+        assert [e["type"] for e in got] == ["meta", "heartbeat", "heartbeat", "heartbeat", "exit"], got
+        paths.append(never("forgot", time.time_ns()))
+        later = open_writer(redis_url, "later", 0, job_meta={"world_size": 1})  # (begun after "forgot")
+        later.write(lines(0, 1, 2))
+        assert newest() == "later"  # ("forgot" forwarded by this reader, dated before "later")
+        assert [e["type"] for e in open_reader(redis_url + "?job=forgot").read_all()][:2] == ["meta", "heartbeat"]
+        later.close()
+    finally:
+        for path in paths:
+            spool._remove(path)
+
+
 def _op(i: int, phase: str, ts: int, **kw) -> bytes:
     return E.encode({"v": 1, "type": "op", "rank": 0, "ts": ts, "phase": phase, "id": i, **kw})
 

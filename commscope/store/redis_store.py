@@ -273,6 +273,24 @@ class RedisWriter:
         for r in replies:
             if isinstance(r, ReplyError):
                 raise r
+        if self.resume and replies[1] == 1:  # (a forwarder put the job in the index: ``date_job``)
+            self._put_in_index = True
+
+    #: this writer (a forwarder) put its job in ``commscope:jobs``: its score is the forward's
+    #: time until ``date_job`` makes it the rank's start
+    _put_in_index = False
+
+    def date_job(self, started_ns: int) -> None:
+        """A forwarder that put its job in the index (a job whose ranks never reached Redis)
+        dates it by its rank's start (its meta's time), not by the forward: a reader takes the
+        newest job, and a job forwarded after a later one started is not it (helper-163: a
+        later run's launcher forwarded an earlier one, whose trace its hint then showed)."""
+        if not (self._put_in_index and started_ns > 0):
+            return
+        try:
+            self._nodes.call(Keys.JOBS, "ZADD", Keys.JOBS, "XX", started_ns // 1000, self.job)
+        except (OSError, ReplyError, StoreError):
+            pass  # (the forward's time stays: the job is there all the same)
 
     #: what the user should know about this store, said once at open (``Recorder`` warns it)
     warning: str | None = None
@@ -799,9 +817,11 @@ class RedisReader(TraceReader):
         self._up = True  # False after a failure: the next use connects again
         self.keys: type[Keys] = Keys  # the layout of the job (``_find_job``)
         self._down = False
+        # (first: a job whose ranks never reached Redis exists only in their spools, whether or
+        # not the store holds other jobs; forwarded, it is dated by its ranks' start, so the
+        # newest job is still the newest: helper-163 found check reading the one before)
+        self._orphans()
         self.job_id: str | None = self._find_job()
-        if self.job_id is None and self._orphans():
-            self.job_id = self._find_job()
         evicting = evicting_policy(self._nodes)
         if self.job_id is None and not wait:
             self.close()
@@ -855,7 +875,8 @@ class RedisReader(TraceReader):
 
     def _orphans(self) -> int:
         """Forward the spools of dead ranks of this store on this host: a job whose ranks
-        never reached Redis (it was down all along) exists only there."""
+        never reached Redis (it was down, full, or refused their password all along) exists
+        only there."""
         from commscope.store import spool
 
         sid = spool.store_id(self._url)

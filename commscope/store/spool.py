@@ -687,11 +687,23 @@ def _send(lines: list[bytes], img: Image, open_writer: Callable[[int, int], Any]
         if resume_after is not None:  # (a stream now shorter than the rank left it: said first)
             resume_after(img.stored, _redacted(bytes(img.meta)) if img.meta else None)
         writer.write(lines)
+        date_job = getattr(writer, "date_job", None)
+        if date_job is not None:  # (a job first put in the store's index now: by its rank's start)
+            date_job(_started_ns(img))
         return True
     except Exception:
         return False
     finally:
         writer.close()
+
+
+def _started_ns(img: Image) -> int:
+    """When the spool's rank started, as its meta says (0 where it does not)."""
+    try:
+        ts = orjson.loads(bytes(img.meta)).get("ts") if img.meta else 0
+    except (orjson.JSONDecodeError, AttributeError):
+        return 0
+    return ts if isinstance(ts, int) and ts > 0 else 0
 
 
 def _says_its_end(img: Image, lines: list[bytes]) -> bool:
