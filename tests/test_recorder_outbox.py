@@ -77,6 +77,49 @@ def test_a_failing_store_keeps_what_it_did_not_take_in_order_and_backs_off():
     assert box.error is None and forwarded == [10, 20] and box.bytes == 0
 
 
+class Clock:
+    """``time`` for the outbox: a monotonic clock that moves only when it sleeps."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, s: float) -> None:
+        self.now += s
+
+
+def test_the_last_write_says_what_refused_the_store_not_the_deadline_s_want_of_time(capsys, monkeypatch):
+    """A store refused all along (full, a wrong password) and tried again at exit until the
+    deadline: the last try fails for want of time ("no answer within 0 s"), which is not
+    why the events were not written (helper-163: every rank said so)."""
+    from commscope.record import outbox
+
+    monkeypatch.setattr(outbox, "time", Clock())
+    box, _ = _box()
+    box.FINAL_WRITE_S = 1.0
+    tries = []
+
+    def refused(timeout: float) -> bool:
+        tries.append(timeout)
+        box.failed("cannot use redis://h:1/0: Redis said: ERR max number of clients reached" if len(tries) == 1
+                   else f"cannot connect to redis://h:1/0: no answer within {timeout:g} s")
+        return False
+
+    box.put(b"x")
+    box.write_final(refused, "rank 1", "redis://h:1/0", kept="/dev/shm/y.spool")
+    assert len(tries) > 2 and tries[-1] == 0 and box.error.endswith("no answer within 0 s")
+    err = capsys.readouterr().err
+    assert "could not be written at exit to redis://h:1/0: cannot use redis://h:1/0: Redis said: ERR max number " \
+           "of clients reached; they wait in /dev/shm/y.spool" in err, err
+    box.failed("cannot log in to redis://h:1/0: wrong password or user name")  # (before the exit: the cause)
+    box.put(b"y")
+    box.write_final(refused, "rank 1", "redis://h:1/0")
+    err = capsys.readouterr().err
+    assert "no answer" not in err and "wrong password or user name" in err, err
+
+
 def test_the_last_write_reports_what_is_lost_and_closes_the_writer(capsys):
     box, _ = _box()
     box.FINAL_WRITE_S = 0.0

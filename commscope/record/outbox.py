@@ -178,10 +178,14 @@ class Outbox:
         end = time.monotonic() + self.FINAL_WRITE_S
         deadline = end if deadline is None else min(deadline, end)
         self._cut = False  # (the write an ``interrupt`` made way for)
+        # what kept them pending, said at the end: a try at the deadline fails for want of time
+        # ("no answer within 0 s"), which hid a refusal's own words (helper-163)
+        cause = self.error
         while self.pending:  # (one try at least: a store that does not wait, a directory, needs no time)
             self._retry_at = 0.0
             if open_writer(max(deadline - time.monotonic(), 0.0)) and self.write_once(deadline):
                 break
+            cause = cause or self.error
             left = deadline - time.monotonic()
             if left <= 0:
                 break
@@ -198,7 +202,7 @@ class Outbox:
                             keep(item.data, item.ring_end == EXIT_RING_END)
                 tail = f"; they wait in {kept} for a forwarder (any commscope command on this host)"
             print(f"commscope: {who}: {what} could not be written at exit to {store}: "
-                  f"{self.error or 'the store is unavailable'}{tail}", file=sys.stderr)
+                  f"{cause or self.error or 'the store is unavailable'}{tail}", file=sys.stderr)
             self.pending.clear()
             self.bytes = 0
         if self.writer is not None:
