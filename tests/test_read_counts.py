@@ -246,6 +246,12 @@ def test_a_block_line_gone_from_a_rank_file_is_counted_lost_with_its_cause(tmp_p
     store = _ring_job(tmp_path)
     nbytes = _remove_block(store / "synthetic" / "rank-00001.jsonl")
     _assert_one_line_lost(store, read, nbytes, monkeypatch)
+    if read == "whole":  # (a line of blocks, not an event: it held 4 op records)
+        out = subprocess.run([sys.executable, "-m", "commscope", "check", "--json", str(store)], capture_output=True,
+                             text=True)
+        gone = [f for f in json.loads(out.stdout)["findings"] if f["kind"] == "trace_incomplete"]
+        assert len(gone) == 1 and "1 line(s) of their streams lost by the store (rank 1: 1)" \
+            in gone[0]["message"], gone
 
 
 @pytest.mark.parametrize("number, which", [(3, 0.5), (0, 0.5), (3, 0.0)],

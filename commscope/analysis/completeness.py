@@ -44,7 +44,10 @@ from commscope.analysis.rankstate import snapshot
 _GONE_THEN = {"unsettled": "failover", "emptied": "restart"}
 
 _LOSS_WORDS = {"dropped": "event(s) dropped by the recorder", "damaged": "damaged line(s) skipped",
-               "invalid": "invalid event(s) skipped", "missing": "event(s) lost by the store"}
+               "invalid": "invalid event(s) skipped",
+               # (a native stream's line is a block of many op records: what it held, where known, in
+               # the warnings; helper-163 read "129 event(s)" for ~950 events gone)
+               "missing": "line(s) of their streams lost by the store"}
 
 
 @record
