@@ -330,6 +330,46 @@ def test_a_job_that_never_reached_redis_is_read_as_the_newest_of_its_time_beside
             spool._remove(path)
 
 
+def test_run_refuses_a_redis_its_ranks_could_never_write_before_the_job_runs(tmp_path, redis_cluster_url):
+    """A wrong password, a cluster node named with database 1, a database the server lacks, a
+    pinned job the store already holds: each rank found it while the job ran unrecorded,
+    and the launcher's hint then pointed at a failing or another job's check (helper-163).
+    Now ``run`` says it and exits 2 before running the command; a server that does not
+    answer now is the ranks' to retry, and the command runs."""
+    import subprocess
+    import sys
+
+    from redis_fixture import require_redis_server
+
+    require_redis_server()
+
+    def run(url: str) -> tuple[int, str, bool]:
+        ran = tmp_path / "ran"
+        ran.unlink(missing_ok=True)
+        p = subprocess.run([sys.executable, "-m", "commscope", "run", "--store", url, "--", "touch", str(ran)],
+                           capture_output=True, text=True, timeout=120)
+        return p.returncode, p.stderr, ran.exists()
+
+    with RedisServer(password="s3cretPW", data_dir=tmp_path / "r") as server:
+        server.start()
+        w = open_writer(server.url + "?job=pinned1", "x", 0, job_meta={"world_size": 1})
+        w.write(lines(0, 1, 2))
+        w.close()
+        shown = server.url.replace(":s3cretPW@", ":***@")
+        for url, said in (
+                (server.url.replace(":s3cretPW@", ":wrong@"), f"cannot log in to {shown}: wrong password or user name"),
+                (server.url.replace("/0", "/99"), f"cannot use {shown[:-2]}/99: no database 99 on that server"),
+                (server.url + "?job=pinned1", f"cannot record to {shown}?job=pinned1: it already holds job 'pinned1'"),
+                (redis_cluster_url.replace("/0", "/1"), "it is a Redis Cluster node, and a cluster has only database 0")):
+            code, err, ran = run(url)
+            assert code == 2 and said in err and not ran, err
+            assert "s3cretPW" not in err
+        code, err, ran = run(server.url + "?job=fresh")
+        assert code == 0 and ran, err
+    code, err, ran = run(server.url)  # (stopped: not answering now)
+    assert code == 0 and ran and "recording to" in err, err
+
+
 def _op(i: int, phase: str, ts: int, **kw) -> bytes:
     return E.encode({"v": 1, "type": "op", "rank": 0, "ts": ts, "phase": phase, "id": i, **kw})
 

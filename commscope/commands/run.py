@@ -175,6 +175,11 @@ def main(args: argparse.Namespace) -> int:
     except StoreError as exc:
         raise UsageError(str(exc)) from None
     _refuse_unwritable(default_store(args.store))
+    refusal = backend_for(default_store(args.store)).refusal
+    why = refusal(backend_for(default_store(args.store)).absolute(default_store(args.store)), args.job) \
+        if refusal is not None else None
+    if why is not None:  # (a store the ranks could never write: the job would run unrecorded)
+        raise UsageError(why)
     if shutil.which(command[0]) is None:  # before saying "recording to": nothing will be
         raise UsageError(f"command not found: {command[0]}")
     env = build_env(args, native=_native_ready())

@@ -1643,6 +1643,42 @@ def _job_id(member: object) -> str | None:
     return job if is_job_name(job) else None
 
 
+#: how long ``refusal`` waits for a server before leaving it to the ranks
+REFUSAL_WAIT_S = 2.0
+
+
+def refusal(url: str, job: str | None = None) -> str | None:
+    """Why the ranks of a job could never write to the Redis at ``url`` (``Backend.refusal``):
+    a wrong or missing password, a cluster node named with a database other than 0, no
+    such database, or the job (``?job=``, else ``job``) already in the store, each rank
+    refusing to mix jobs.  Said before the job runs, not found by each rank while it runs
+    unrecorded (helper-163).  None where they may yet: a server that does not answer now
+    (down, full) is theirs to retry, as always."""
+    try:
+        given = parse_url(url)
+    except StoreError as exc:
+        return str(exc)
+    nodes = Nodes(dataclasses.replace(given, timeout=REFUSAL_WAIT_S), given.display())
+    try:
+        nodes.connect()
+        want = given.job or job
+        if want and nodes.call(Keys.JOBS, "ZSCORE", Keys.JOBS, want) is not None:
+            return (f"cannot record to {given.display()}: it already holds job {want!r} (an earlier run with the "
+                    "same id), which the ranks would refuse to mix with; choose another ?job= or --job, or leave "
+                    "the id to commscope")
+    except RedisAuthError as exc:
+        return str(exc)
+    except StoreError as exc:
+        text = str(exc)
+        return text if "a Redis Cluster node, and a cluster has only database 0" in text or "no database" in text \
+            else None
+    except (OSError, ReplyError):
+        return None
+    finally:
+        nodes.close()
+    return None
+
+
 def jobs(url: str) -> set[str] | None:
     """The ids of the jobs the store holds now; None where it cannot be asked (never raises)."""
     try:

@@ -102,6 +102,10 @@ class Backend:
     #: Remove one job (a benchmark replacing its own job of that name); None: only a fresh
     #: store will do.
     delete_job: Callable[[str, str], Any] | None = None
+    #: Why the ranks could never write job J (None: a new id) of the store, asked before a
+    #: job runs, never raising: ``(name, J) -> why`` (None where they may: a server down or
+    #: full now is theirs to retry).  None: not asked.
+    refusal: Callable[[str, str | None], str | None] | None = None
 
 
 DIRECTORY = Backend(
@@ -117,7 +121,8 @@ REDIS = Backend(
     local=False, redact=redis_url.redact_url,  # user info, ?password=: the URL whole (a space in a password)
     identity=redis_url.identity, job_location=redis_url.job_location, pinned_job=redis_url.pinned_job,
     with_job=redis_url.with_job, unpinned=redis_url.unpinned, credentials_apart=redis_url.password_apart,
-    jobs=_late("commscope.store.redis_store", "jobs"), delete_job=_late("commscope.store.redis_store", "delete_job"))
+    jobs=_late("commscope.store.redis_store", "jobs"), delete_job=_late("commscope.store.redis_store", "delete_job"),
+    refusal=_late("commscope.store.redis_store", "refusal"))
 
 BACKENDS: tuple[Backend, ...] = (DIRECTORY, REDIS)
 
