@@ -178,3 +178,22 @@ def test_a_headless_demo_names_its_removed_temporary_trace_as_named(tmp_path, mo
     con = Console(file=io.StringIO(), width=300)
     assert runner.run_headless("healthy-training", check=lambda *a, **k: 0, console=con, keep=False) == 0
     assert f"removed the temporary trace {tmp}" in con.file.getvalue()
+
+
+def test_a_headless_demo_on_a_server_says_its_trace_stays_there(tmp_path, monkeypatch):
+    """A demo recorded to Redis: its trace is its job there, kept; only the run's logs were
+    temporary (helper-163: it said it removed a trace it kept)."""
+    import tempfile
+
+    from commscope.scenarios import runner
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(runner.DemoJob, "start", lambda self: None)
+    monkeypatch.setattr(runner.DemoJob, "wait", lambda self, timeout=None: True)
+    monkeypatch.setattr(runner.DemoJob, "stop", lambda self: None)
+    con = Console(file=io.StringIO(), width=300)
+    assert runner.run_headless("healthy-training", store="redis://127.0.0.1:1/0", check=lambda *a, **k: 0,
+                               console=con, keep=False) == 0
+    said = con.file.getvalue()
+    assert "removed its temporary logs; the trace stays in redis://127.0.0.1:1/0 (--keep keeps it)" in said, said
+    assert "removed the temporary trace" not in said and not list(tmp_path.glob("commscope-demo-*"))

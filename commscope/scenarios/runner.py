@@ -637,6 +637,9 @@ def run_headless(name: str | Scenario, *, ranks: int | None = None, backend: str
         return check(job.store, json=json, console=con)
     finally:
         if job.temporary and not keep:
+            # (a server's trace is its job there, kept: only the run's logs were temporary; helper-163)
+            said = f"removed the temporary trace {job.store}" if job.store in job.temporary else \
+                f"removed its temporary logs; the trace stays in {job.store}"
             job.discard()
-            err.print(f"commscope demo: removed the temporary trace {job.store} (--keep keeps it)", highlight=False,
+            err.print(f"commscope demo: {said} (--keep keeps it)", highlight=False,
                       soft_wrap=True, style="grey50", markup=False)
