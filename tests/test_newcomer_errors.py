@@ -234,3 +234,24 @@ def test_a_hang_after_or_sample_interval_that_is_no_duration_falls_back_with_a_w
     with pytest.warns(RuntimeWarning, match="hang_after"):
         assert Recorder(str(tmp_path / "s")).hang_after == DEFAULT_HANG_AFTER
     assert Recorder(str(tmp_path / "s"), hang_after=0, sample_interval=0).hang_after == 0
+
+
+def test_attach_on_a_job_a_redis_does_not_hold_says_it_may_be_a_typo():
+    """``attach redis://...?job=NAME`` where Redis holds other jobs but not NAME waited with
+    no word (helper-163); a job it holds, or a store holding none yet, gets no hint."""
+    from redis_fixture import require_redis_server
+
+    from commscope.bench.redis_server import RedisServer
+    from commscope.store import open_writer
+
+    require_redis_server()
+    with RedisServer() as server:
+        server.start()
+        assert waiting_hint(server.url + "?job=nosuchjob") == ""  # (nothing there yet: a job to come)
+        w = open_writer(server.url, "real", 0, job_meta={"world_size": 1})
+        w.write([b'{"type":"meta","v":3,"rank":0,"ts":1,"world_size":1}'])
+        w.close()
+        assert waiting_hint(server.url + "?job=nosuchjob") == (
+            f"no job 'nosuchjob' in {server.url} yet, which holds 1 other job(s): a typo?  commscope attach "
+            f"{server.url} follows the newest  (q quits)")
+        assert waiting_hint(server.url + "?job=real") == ""

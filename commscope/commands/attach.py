@@ -51,8 +51,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def waiting_hint(store: str) -> str:
     """What to say while no job has written to ``store``: a directory that does not exist
-    is most likely a typo, or a job not started yet."""
-    if not backend_for(store).local or os.path.exists(store):
+    is most likely a typo, or a job not started yet; so is a job a server's URL names
+    (``?job=``) where the server holds others (helper-163: attach waited, saying nothing)."""
+    row = backend_for(store)
+    if not row.local:
+        pinned = row.pinned_job(store)
+        held = row.jobs(row.unpinned(store)) if pinned and row.jobs is not None else None
+        if not held or pinned in held:
+            return ""
+        shown = redact_store(row.unpinned(store))
+        return (f"no job {pinned!r} in {shown} yet, which holds {len(held):,} other job(s): a typo?  "
+                f"commscope attach {shown} follows the newest  (q quits)")
+    if os.path.exists(store):
         return ""
     shown = redact_store(store)
     return f"{shown} does not exist yet: start a job with  commscope run --store {shown} -- …  (q quits)"
