@@ -203,6 +203,15 @@ def test_password_from_the_environment_keeps_it_out_of_argv(tmp_path):
         no_env = {k: v for k, v in os.environ.items() if k != "COMMSCOPE_REDIS_PASSWORD"}
         proc = commscope_cli("check", bare, env=no_env)
         assert proc.returncode == 2 and SECRET not in proc.stderr
+        # the URL as check shows it (its password hidden), pasted back: the environment's password
+        # (helper-163: "wrong password", the *** taken for one)
+        shown = f"redis://:***@127.0.0.1:{server.port}/0?job=envpw"
+        assert shown in json.loads(commscope_cli("check", bare, "--json", env={
+            **os.environ, "COMMSCOPE_REDIS_PASSWORD": SECRET}).stdout)["source"], "not the URL check shows"
+        proc = commscope_cli("check", shown, "--json", env={**os.environ, "COMMSCOPE_REDIS_PASSWORD": SECRET})
+        assert proc.returncode == 0 and json.loads(proc.stdout)["ops"] == 10, proc.stderr
+        proc = commscope_cli("check", shown, env=no_env)  # (no password then: Redis asks for one)
+        assert proc.returncode == 2 and "the server requires a password" in proc.stderr, proc.stderr
 
 
 # ---------------------------------------------------------------------------- torn write retried

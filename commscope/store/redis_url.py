@@ -18,7 +18,8 @@ blindly; it hides the user info and the value of any query key that decodes to a
 secret's name (``password``, ``pass%77ord``, ``PASSWORD`` ...).
 
 Without a password in the URL, ``$COMMSCOPE_REDIS_PASSWORD`` is used (like redis-cli's
-``REDISCLI_AUTH``), so that no password needs to appear in a command line (``ps``).
+``REDISCLI_AUTH``), so that no password needs to appear in a command line (``ps``); so it
+is for ``***``, the password as commscope shows a URL, pasted back from its output.
 """
 
 from __future__ import annotations
@@ -247,6 +248,8 @@ def parse_url(url: str) -> RedisTarget:
             query[key] = value
         if "password" in query:
             password = query["password"] or None
+        if password == MARK:  # (a URL as commscope shows it, pasted back: its password from the environment)
+            password = None
         if password is None:
             password = os.environ.get(ENV_PASSWORD) or None
         if "username" in query:
