@@ -212,6 +212,15 @@ def test_password_from_the_environment_keeps_it_out_of_argv(tmp_path):
         assert proc.returncode == 0 and json.loads(proc.stdout)["ops"] == 10, proc.stderr
         proc = commscope_cli("check", shown, env=no_env)  # (no password then: Redis asks for one)
         assert proc.returncode == 2 and "the server requires a password" in proc.stderr, proc.stderr
+        proc = commscope_cli("check", bare, env={**os.environ, "COMMSCOPE_REDIS_PASSWORD": "not-it"})
+        assert proc.returncode == 2 and "wrong password or user name (the password of $COMMSCOPE_REDIS_PASSWORD: " \
+            "it is used for any URL without one)" in proc.stderr, proc.stderr
+    with RedisServer(data_dir=tmp_path / "open") as server:  # (no password set: the variable's is refused)
+        server.start()
+        proc = commscope_cli("check", server.url, env={**os.environ, "COMMSCOPE_REDIS_PASSWORD": SECRET})
+        assert proc.returncode == 2 and "the server has no password set; $COMMSCOPE_REDIS_PASSWORD gave one (it is " \
+            "used for any URL without one): unset it for this store" in proc.stderr, proc.stderr
+        assert SECRET not in proc.stderr
 
 
 # ---------------------------------------------------------------------------- torn write retried

@@ -69,6 +69,8 @@ class RedisTarget:
     ssl_certfile: str | None = None  # a client certificate (and its key), for mutual TLS
     ssl_keyfile: str | None = None
     ssl_check_hostname: bool = True  # False: the chain is checked, not the names
+    #: the password came from ``$COMMSCOPE_REDIS_PASSWORD``, not the URL (said where Redis refuses it)
+    password_env: bool = dataclasses.field(default=False, repr=False, compare=False)
 
     @property
     def tls(self) -> bool:
@@ -250,11 +252,12 @@ def parse_url(url: str) -> RedisTarget:
             password = query["password"] or None
         if password == MARK:  # (a URL as commscope shows it, pasted back: its password from the environment)
             password = None
+        from_env = password is None and bool(os.environ.get(ENV_PASSWORD))
         if password is None:
             password = os.environ.get(ENV_PASSWORD) or None
         if "username" in query:
             username = query["username"] or None
-        fields: dict = {"scheme": scheme, "username": username, "password": password}
+        fields: dict = {"scheme": scheme, "username": username, "password": password, "password_env": from_env}
         if scheme == "unix":
             path = unquote(parts.path)
             if hostport or not path:

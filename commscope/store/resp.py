@@ -24,7 +24,7 @@ import weakref
 from typing import Any
 
 from commscope.store.base import StoreError
-from commscope.store.redis_url import RedisTarget, scrub
+from commscope.store.redis_url import ENV_PASSWORD, RedisTarget, scrub
 
 #: The one field of a commscope stream entry (its event).
 FIELD = b"e"
@@ -235,14 +235,16 @@ class Connection:
     def _login_error(self, reply: str) -> StoreError:
         r = scrub(reply, self.t)
         up = r.upper()
+        env = f" (the password of ${ENV_PASSWORD}: it is used for any URL without one)" if self.t.password_env else ""
         if up.startswith("WRONGPASS") or "INVALID PASSWORD" in up or "INVALID USERNAME-PASSWORD" in up:
-            return RedisAuthError(f"cannot log in to {self.shown}: wrong password or user name")
+            return RedisAuthError(f"cannot log in to {self.shown}: wrong password or user name{env}")
         if up.startswith("NOAUTH"):
             return RedisAuthError(f"cannot log in to {self.shown}: the server requires a password "
                                   "(redis://:PASSWORD@host:port/db)")
         if "WITHOUT ANY PASSWORD CONFIGURED" in up:
-            return RedisAuthError(f"cannot log in to {self.shown}: the server has no password set; "
-                                  "remove it from the URL")
+            return RedisAuthError(f"cannot log in to {self.shown}: the server has no password set; " + (
+                f"${ENV_PASSWORD} gave one (it is used for any URL without one): unset it for this store"
+                if self.t.password_env else "remove it from the URL"))
         if "NOT ALLOWED IN CLUSTER MODE" in up:
             return StoreError(f"cannot use {self.shown}: it is a Redis Cluster node, and a cluster has only "
                               "database 0 (use /0 in the URL)")
