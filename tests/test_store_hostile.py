@@ -211,7 +211,8 @@ def test_password_from_the_environment_keeps_it_out_of_argv(tmp_path):
         proc = commscope_cli("check", shown, "--json", env={**os.environ, "COMMSCOPE_REDIS_PASSWORD": SECRET})
         assert proc.returncode == 0 and json.loads(proc.stdout)["ops"] == 10, proc.stderr
         proc = commscope_cli("check", shown, env=no_env)  # (no password then: Redis asks for one)
-        assert proc.returncode == 2 and "the server requires a password" in proc.stderr, proc.stderr
+        assert proc.returncode == 2 and "the server requires a password ($COMMSCOPE_REDIS_PASSWORD, or " \
+            "redis://:***@host:port/db)" in proc.stderr, proc.stderr  # (redacted as any URL)
         proc = commscope_cli("check", bare, env={**os.environ, "COMMSCOPE_REDIS_PASSWORD": "not-it"})
         assert proc.returncode == 2 and "wrong password or user name (the password of $COMMSCOPE_REDIS_PASSWORD: " \
             "it is used for any URL without one)" in proc.stderr, proc.stderr

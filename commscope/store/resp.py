@@ -240,7 +240,7 @@ class Connection:
             return RedisAuthError(f"cannot log in to {self.shown}: wrong password or user name{env}")
         if up.startswith("NOAUTH"):
             return RedisAuthError(f"cannot log in to {self.shown}: the server requires a password "
-                                  "(redis://:PASSWORD@host:port/db)")
+                                  f"(${ENV_PASSWORD}, or redis://:PASSWORD@host:port/db)")
         if "WITHOUT ANY PASSWORD CONFIGURED" in up:
             return RedisAuthError(f"cannot log in to {self.shown}: the server has no password set; " + (
                 f"${ENV_PASSWORD} gave one (it is used for any URL without one): unset it for this store"
