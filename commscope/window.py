@@ -1,6 +1,6 @@
 """The time window a reader is asked for: ``--since``.
 
-``--since`` takes a duration back from the trace's end (``90s``, ``10m``, ``2h``, ``3d``: the
+``--since`` takes a duration back from the trace's end (``90s``, ``10m``, ``2h``, ``1h30m``: the
 end is the job's newest write, so a live job's is now), a wall-clock time (``2026-11-26T14:00``,
 ``14:00`` today, UTC unless it says otherwise), or ``all``.  A reader asked for a window
 starts each rank's stream at the segment holding its start (``store/segments.py``): what
@@ -19,7 +19,10 @@ from typing import NamedTuple
 #: minutes, which ``--retain`` leaves to sizes: ``500m`` there is 500 MiB)
 DURATION_UNITS = {"s": 1, "sec": 1, "min": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _SECONDS = {**DURATION_UNITS, "m": 60}
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(" + "|".join(_SECONDS) + r")\s*$", re.IGNORECASE)
+_UNIT = "|".join(sorted(_SECONDS, key=len, reverse=True))  # (longest first: "min" before "m")
+_PART = re.compile(r"(\d+(?:\.\d+)?)\s*(" + _UNIT + r")", re.IGNORECASE)
+#: one duration or several summed: 90s, 10m, 1h30m, 2d 12h (helper-163: "1h30m" was refused)
+_DURATION = re.compile(r"^\s*(?:(?:\d+(?:\.\d+)?)\s*(?:" + _UNIT + r")\s*)+$", re.IGNORECASE)
 
 
 class Since(NamedTuple):
@@ -49,7 +52,8 @@ def parse_since(text: str | None, now: dt.datetime | None = None) -> Since | Non
     if text is None or text.strip().lower() in ("", "all"):
         return None
     m = _DURATION.match(text)
-    if m and math.isfinite(ago := float(m.group(1)) * _SECONDS[m.group(2).lower()]) and ago < 1e12:
+    if m and math.isfinite(ago := sum(float(n) * _SECONDS[unit.lower()] for n, unit in _PART.findall(text))) \
+            and ago < 1e12:
         return Since(ago_s=ago)  # (a duration past ~30,000 years, or inf, is no window: an internal error before)
     if m:
         raise ValueError(f"cannot read --since {text!r}: a duration too large")
@@ -65,5 +69,5 @@ def parse_since(text: str | None, now: dt.datetime | None = None) -> Since | Non
                 when = when.replace(tzinfo=dt.timezone.utc)
     except ValueError:
         raise ValueError(f"cannot read --since {text!r}: give a duration back from the trace's end (90s, 10m, 2h, "
-                         "3d), a UTC time (14:00, 2026-11-26T14:00) or all") from None
+                         "1h30m), a UTC time (14:00, 2026-11-26T14:00) or all") from None
     return Since(at_ns=int(when.timestamp() * 1e9))

@@ -290,6 +290,14 @@ def test_age_retention_keeps_the_last_days(tmp_path):
     assert reader.stats.summarized > 0 and diagnose(model, trace_now(model), 30.0) == []
 
 
+@pytest.mark.parametrize("text, seconds", [("1h30m", 5400), ("2d 12h", 216_000), ("1h 5min 3s", 3903), ("1.5h", 5400)])
+def test_since_sums_a_duration_of_several_units(text, seconds):
+    """``1h30m`` was refused (helper-163); a number with no unit after it still is."""
+    assert parse_since(text) == Since(ago_s=seconds)
+    with pytest.raises(ValueError, match="cannot read --since"):
+        parse_since(text + "30")
+
+
 @pytest.mark.parametrize("text, ok", [("10m", True), ("90s", True), ("2h", True), ("3d", True), ("all", True),
                                       ("14:00", True), ("2026-11-26T14:00", True), ("soon", False), ("10x", False),
                                       ("9" * 400 + "s", False), ("10000000000000000000000d", False)])

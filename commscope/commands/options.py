@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from rich.console import Console
     from rich.text import Text
 
-SINCE_HELP = ("read only this window: a duration back from the job's newest write (90s, 10m, 2h, 3d; its "
+SINCE_HELP = ("read only this window: a duration back from the job's newest write (90s, 10m, 1h30m, 3d; its "
               "files' modification time, a Redis stream's newest entry), a UTC time "
               "(14:00, 2026-11-26T14:00), or all.  Each rank's stream starts at its newest keyframe "
               "(every few seconds; else its segment, a Redis mark) before the window's start, with the "
