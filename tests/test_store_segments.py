@@ -1502,6 +1502,26 @@ def test_histories_of_ranks_read_whole_carried_or_stopped_compare(tmp_path, caps
     assert "before what was read" in out["findings"][0]["message"]
 
 
+def test_a_window_that_starts_after_the_trace_s_end_says_so(tmp_path):
+    """``--since 2030-01-01T00:00`` (or a time later today) read what the keyframes said the
+    ranks were in, and said nothing of the window being past the trace (helper-163); a
+    window inside it says nothing of the kind."""
+    from commscope.analysis.synth import TraceBuilder
+
+    tb = TraceBuilder(2, hang_after=10.0, sample_interval=5.0)
+    t = tb.t0 + S
+    for _ in range(400):
+        t = tb.collective(t) + S
+    store = _windowed(tmp_path / "t", tb.events)
+    model, _, warnings = load_trace(str(store), since=parse_since("2030-01-01T00:00"))
+    end = Since(at_ns=model.end_ns).describe()[6:]
+    assert [w for w in warnings if "starts after" in w] == [
+        f"the window (since 2030-01-01 00:00:00 UTC) starts after the trace's newest event ({end}): no event of the "
+        "trace is in it; what is shown is what the ranks were in as the streams' keyframes and marks said"], warnings
+    _, _, warnings = load_trace(str(store), since=parse_since("10m"))
+    assert not [w for w in warnings if "starts after" in w], warnings
+
+
 def test_histories_agree_where_the_ranks_ran_the_same_collectives(tmp_path, capsys):
     """Ranks whose segments end at different seqs (rank 3 writes more bytes), a rank that
     lost records long before the window (a gap in its seqs: its history starts again

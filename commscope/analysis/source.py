@@ -140,7 +140,12 @@ def load_trace(store: str | os.PathLike | None, progress: Callable[[Loading], No
                              f"line(s), {stats.invalid} invalid event(s), no readable event)")
         raise UsageError(f"{redact(reader.description)}: no events recorded")
     model.note_read_stats(stats)
-    return model, reader, read_warnings(model, stats)
+    warnings = read_warnings(model, stats)
+    if since is not None and since.at_ns is not None and since.at_ns > model.end_ns:  # (helper-163: not said)
+        warnings.append(f"the window ({since.describe()}) starts after the trace's newest event "
+                        f"({Since(at_ns=model.end_ns).describe()[6:]}): no event of the trace is in it; what is "
+                        "shown is what the ranks were in as the streams' keyframes and marks said")
+    return model, reader, warnings
 
 
 def _fits(reader: TraceReader, store: str | os.PathLike | None, since: Since | None, limit: int) -> None:
