@@ -331,11 +331,12 @@ def test_a_job_that_never_reached_redis_is_read_as_the_newest_of_its_time_beside
 
 
 def test_run_refuses_a_redis_its_ranks_could_never_write_before_the_job_runs(tmp_path, redis_cluster_url):
-    """A wrong password, a cluster node named with database 1, a database the server lacks, a
-    pinned job the store already holds: each rank found it while the job ran unrecorded,
-    and the launcher's hint then pointed at a failing or another job's check (helper-163).
-    Now ``run`` says it and exits 2 before running the command; a server that does not
-    answer now is the ranks' to retry, and the command runs."""
+    """A wrong password, a cluster node named with database 1, a database the server lacks:
+    each rank found it while the job ran unrecorded, and the launcher's hint then pointed at
+    a failing check (helper-163).  Now ``run`` says it and exits 2 before running the
+    command; a server that does not answer now is the ranks' to retry, and the command
+    runs; so does a job id the store holds (another node of the job names it too: helper-164),
+    by ``?job=`` or ``--job``."""
     import subprocess
     import sys
 
@@ -359,13 +360,18 @@ def test_run_refuses_a_redis_its_ranks_could_never_write_before_the_job_runs(tmp
         for url, said in (
                 (server.url.replace(":s3cretPW@", ":wrong@"), f"cannot log in to {shown}: wrong password or user name"),
                 (server.url.replace("/0", "/99"), f"cannot use {shown[:-2]}/99: no database 99 on that server"),
-                (server.url + "?job=pinned1", f"cannot record to {shown}?job=pinned1: it already holds job 'pinned1'"),
                 (redis_cluster_url.replace("/0", "/1"), "it is a Redis Cluster node, and a cluster has only database 0")):
             code, err, ran = run(url)
             assert code == 2 and said in err and not ran, err
             assert "s3cretPW" not in err
-        code, err, ran = run(server.url + "?job=fresh")
-        assert code == 0 and ran, err
+        for url in (server.url + "?job=fresh", server.url + "?job=pinned1"):
+            code, err, ran = run(url)
+            assert code == 0 and ran, err
+        ran = tmp_path / "ran"
+        ran.unlink()
+        p = subprocess.run([sys.executable, "-m", "commscope", "run", "--store", server.url, "--job", "pinned1", "--",
+                            "touch", str(ran)], capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0 and ran.exists(), p.stderr
     code, err, ran = run(server.url)  # (stopped: not answering now)
     assert code == 0 and ran and "recording to" in err, err
 

@@ -176,7 +176,7 @@ def main(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     _refuse_unwritable(default_store(args.store))
     refusal = backend_for(default_store(args.store)).refusal
-    why = refusal(backend_for(default_store(args.store)).absolute(default_store(args.store)), args.job) \
+    why = refusal(backend_for(default_store(args.store)).absolute(default_store(args.store))) \
         if refusal is not None else None
     if why is not None:  # (a store the ranks could never write: the job would run unrecorded)
         raise UsageError(why)

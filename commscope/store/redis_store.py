@@ -1647,25 +1647,22 @@ def _job_id(member: object) -> str | None:
 REFUSAL_WAIT_S = 2.0
 
 
-def refusal(url: str, job: str | None = None) -> str | None:
+def refusal(url: str) -> str | None:
     """Why the ranks of a job could never write to the Redis at ``url`` (``Backend.refusal``):
-    a wrong or missing password, a cluster node named with a database other than 0, no
-    such database, or the job (``?job=``, else ``job``) already in the store, each rank
-    refusing to mix jobs.  Said before the job runs, not found by each rank while it runs
+    a wrong or missing password, a cluster node named with a database other than 0, or no
+    such database.  Said before the job runs, not found by each rank while it runs
     unrecorded (helper-163).  None where they may yet: a server that does not answer now
-    (down, full) is theirs to retry, as always."""
+    (down, full) is theirs to retry, as always.  A job id the store holds already is not
+    refused: another node of the same job (``?job=``, ``--job``), or a replacement node,
+    names it too (helper-164); a rank whose stream exists refuses to mix then."""
     try:
         given = parse_url(url)
     except StoreError as exc:
         return str(exc)
     nodes = Nodes(dataclasses.replace(given, timeout=REFUSAL_WAIT_S), given.display())
+    nodes.set_deadline(time.monotonic() + REFUSAL_WAIT_S)  # (the whole of it, not each reply)
     try:
         nodes.connect()
-        want = given.job or job
-        if want and nodes.call(Keys.JOBS, "ZSCORE", Keys.JOBS, want) is not None:
-            return (f"cannot record to {given.display()}: it already holds job {want!r} (an earlier run with the "
-                    "same id), which the ranks would refuse to mix with; choose another ?job= or --job, or leave "
-                    "the id to commscope")
     except RedisAuthError as exc:
         return str(exc)
     except StoreError as exc:

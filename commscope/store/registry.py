@@ -102,10 +102,10 @@ class Backend:
     #: Remove one job (a benchmark replacing its own job of that name); None: only a fresh
     #: store will do.
     delete_job: Callable[[str, str], Any] | None = None
-    #: Why the ranks could never write job J (None: a new id) of the store, asked before a
-    #: job runs, never raising: ``(name, J) -> why`` (None where they may: a server down or
-    #: full now is theirs to retry).  None: not asked.
-    refusal: Callable[[str, str | None], str | None] | None = None
+    #: Why the ranks could never write to the store, asked before a job runs, never raising:
+    #: ``name -> why`` (None where they may: a server down or full now is theirs to retry, a
+    #: job id another node of the job names too).  None: not asked.
+    refusal: Callable[[str], str | None] | None = None
 
 
 DIRECTORY = Backend(
