@@ -324,7 +324,69 @@ def test_a_job_that_never_reached_redis_is_read_as_the_newest_of_its_time_beside
         later.write(lines(0, 1, 2))
         assert newest() == "later"  # ("forgot" forwarded by this reader, dated before "later")
         assert [e["type"] for e in open_reader(redis_url + "?job=forgot").read_all()][:2] == ["meta", "heartbeat"]
+        look = redis_client(redis_url)
+        before = look.xlen(Keys.stream("later", 0))
+        paths.append(never("other", time.time_ns()))
+        pinned = open_reader(redis_url + "?job=later")  # (a reader of one job: another's spool to its own)
+        pinned.close()
+        assert look.xlen(Keys.stream("later", 0)) == before  # (helper-164: it went into "later")
+        look.close()
+        assert [e["type"] for e in open_reader(redis_url + "?job=other").read_all()][:2] == ["meta", "heartbeat"]
         later.close()
+    finally:
+        for path in paths:
+            spool._remove(path)
+
+
+def test_a_forwarder_dates_the_job_it_put_in_the_index_but_never_undoes_its_lead(redis_url):
+    """``date_job`` comes before the forward's write (a write that fails leaves the job dated
+    by its rank's start all the same), and moves only the forwarder's own score: rank 0
+    registering meanwhile as the job's lead keeps its time (helper-164)."""
+    look = redis_client(redis_url)
+    w = RedisWriter(redis_url, "fwd", 1, resume=True)
+    w.date_job(1_700_000_000 * 10**9)
+    assert look.zscore(Keys.JOBS, "fwd") == 1_700_000_000 * 10**6
+    w.close()
+    w = RedisWriter(redis_url, "raced", 1, resume=True)  # (put in the index at the forward's time)
+    lead = RedisWriter(redis_url, "raced", 0, {"world_size": 2})  # (rank 0 opening: the job's lead, its time)
+    said = look.zscore(Keys.JOBS, "raced")
+    w.date_job(1_700_000_000 * 10**9)
+    assert look.zscore(Keys.JOBS, "raced") == said != 1_700_000_000 * 10**6
+    w.close()
+    lead.close()
+    look.close()
+
+
+def test_forwarding_tries_a_store_that_will_not_open_once_a_job(redis_url, monkeypatch):
+    """A store that will not open (down, full, a user that may not write) was tried again for
+    each dead spool of the job at every reader's open: one try a job and pass (helper-164:
+    65 connections for 64 spools)."""
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import commscope.store as store_module
+    from commscope.store import spool
+
+    paths = []
+    for _ in range(3):
+        p = subprocess.run([sys.executable, "-c", NEVER_CHILD, redis_url, "many", str(time.time_ns())],
+                           capture_output=True, text=True)
+        assert p.returncode == -signal.SIGKILL, p.stderr
+        paths.append(Path(p.stdout.strip()))
+    tries = []
+
+    def refused(*args, **kwargs):
+        tries.append(args)
+        raise StoreError("cannot connect to redis://h:1/0: connection refused")
+
+    monkeypatch.setattr(store_module, "open_writer", refused)
+    try:
+        assert spool.forward_orphans(only=spool.store_id(redis_url)) == 0
+        assert len(tries) == 1, tries
+        monkeypatch.undo()
+        assert spool.forward_orphans(only=spool.store_id(redis_url)) == 3  # (all three, once it opens)
     finally:
         for path in paths:
             spool._remove(path)

@@ -274,21 +274,31 @@ class RedisWriter:
             if isinstance(r, ReplyError):
                 raise r
         if self.resume and replies[1] == 1:  # (a forwarder put the job in the index: ``date_job``)
-            self._put_in_index = True
+            self._put_in_index = now_us
 
-    #: this writer (a forwarder) put its job in ``commscope:jobs``: its score is the forward's
-    #: time until ``date_job`` makes it the rank's start
-    _put_in_index = False
+    #: the score (µs) this writer, a forwarder, put its job in ``commscope:jobs`` with: the
+    #: forward's time until ``date_job`` makes it the rank's start; None: it did not
+    _put_in_index: int | None = None
+
+    #: ``date_job``'s move: only a score that is still the forwarder's own (a rank 0 that
+    #: registered since, as the job's lead, is not undone)
+    DATE_JOB = b"""
+if tonumber(redis.call('ZSCORE', KEYS[1], ARGV[1])) == tonumber(ARGV[2]) then
+  return redis.call('ZADD', KEYS[1], 'XX', ARGV[3], ARGV[1])
+end
+return 0
+"""
 
     def date_job(self, started_ns: int) -> None:
         """A forwarder that put its job in the index (a job whose ranks never reached Redis)
         dates it by its rank's start (its meta's time), not by the forward: a reader takes the
         newest job, and a job forwarded after a later one started is not it (helper-163: a
         later run's launcher forwarded an earlier one, whose trace its hint then showed)."""
-        if not (self._put_in_index and started_ns > 0):
+        if self._put_in_index is None or started_ns <= 0:
             return
         try:
-            self._nodes.call(Keys.JOBS, "ZADD", Keys.JOBS, "XX", started_ns // 1000, self.job)
+            self._nodes.call(Keys.JOBS, "EVAL", self.DATE_JOB, 1, Keys.JOBS, self.job, self._put_in_index,
+                             started_ns // 1000)
         except (OSError, ReplyError, StoreError):
             pass  # (the forward's time stays: the job is there all the same)
 

@@ -654,7 +654,12 @@ def forward_dead(job: str, store: str, open_writer: Callable[[int, int], Any], o
             if not known and not img.flags & FORWARDED:
                 # (a launcher that sees its exit status may say how, later: the tombstone stays)
                 lines.append(orjson.dumps(gone_exit(img, rank)))
-            if lines and not _send(lines, img, open_writer, rank):
+            try:
+                sent = not lines or _send(lines, img, open_writer, rank)
+            except _Unreachable:  # (the store will not open for the job's other spools either: one try a pass)
+                give_back_room(fd)
+                break
+            if not sent:
                 give_back_room(fd)  # (left for someone else: only what they will read is kept)
                 continue
             os.pwrite(fd, _U64.pack(img.end), OFF_TAIL)
@@ -672,24 +677,28 @@ def forward_dead(job: str, store: str, open_writer: Callable[[int, int], Any], o
     return done
 
 
+class _Unreachable(Exception):
+    """The store would not open for a spool (out of reach, full, refusing this user)."""
+
+
 def _send(lines: list[bytes], img: Image, open_writer: Callable[[int, int], Any], rank: int) -> bool:
     """Append a dead spool's ``lines`` to its rank's stream; False where they could not go:
-    the store is out of reach (or may not be written) from here, or the stream is another
-    run's (a job id used twice: not ours to mix in)."""
+    the stream is another run's (a job id used twice: not ours to mix in), or the store
+    may not be written; _Unreachable where it would not open."""
     try:
         writer = open_writer(rank, img.incarnation)
     except Exception:
-        return False
+        raise _Unreachable from None
     try:
         if not _same_run(writer, img.identity.get("run")):
             return False
+        date_job = getattr(writer, "date_job", None)
+        if date_job is not None:  # (a job first put in the store's index now: by its rank's start, even
+            date_job(_started_ns(img))  # should the write fail: helper-164)
         resume_after = getattr(writer, "resume_after", None)
         if resume_after is not None:  # (a stream now shorter than the rank left it: said first)
             resume_after(img.stored, _redacted(bytes(img.meta)) if img.meta else None)
         writer.write(lines)
-        date_job = getattr(writer, "date_job", None)
-        if date_job is not None:  # (a job first put in the store's index now: by its rank's start)
-            date_job(_started_ns(img))
         return True
     except Exception:
         return False
@@ -729,10 +738,10 @@ def forward_orphans(exit_status: Callable[[int], int | None] | None = None,
     """Forward every dead spool on this host whose store can be named: a launcher whose
     command ended.  ``stores(store_id)`` gives the launcher's own store (with its
     credentials) when it is that one; otherwise the spool's own record of its store is
-    used, unless it had to hide a password.  ``only``: spools of that store (a reader
-    that found no job there: its ranks may never have reached it).  Returns how many
-    were forwarded."""
-    from commscope.store import open_writer
+    used, unless it had to hide a password.  ``only``: spools of that store (a reader of
+    it: a job whose ranks never reached it is found so).  Returns how many were
+    forwarded."""
+    from commscope.store import backend_for, open_writer
 
     done = 0
     seen: set[tuple[str, str]] = set()
@@ -752,7 +761,9 @@ def forward_orphans(exit_status: Callable[[int], int | None] | None = None,
                 continue
             seen.add((job, sid))
 
-            def writer(rank: int, inc: int, store: str = store, job: str = job) -> Any:
+            # (the store without a job it may pin, ``?job=``: the spool's job is the one to write,
+            # not the pinning reader's or launcher's: helper-164 found another job's rank in it)
+            def writer(rank: int, inc: int, store: str = backend_for(store).unpinned(store), job: str = job) -> Any:
                 return open_writer(store, job, rank, incarnation=inc, resume=True, connect_timeout=2.0)
 
             done += forward_dead(job, store, writer, exit_status=exit_status)
