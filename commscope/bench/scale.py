@@ -1148,7 +1148,7 @@ class NodeLoad:
 def node_load(node: str, before: dict[str, int], after: dict[str, int], seconds: float, frames: int = 0) -> NodeLoad:
     """``NodeLoad`` of one node from two ``RedisServer.commands`` counts ``seconds`` apart (the
     second ``INFO`` call itself is left out).  ``frames``: the keyframes the node took
-    meanwhile (``frames_by_node``): a keeper's script each (``redis_marks.ADD_FRAME``), an
+    meanwhile (``frames_by_node``): a keeper's script each (``redis_marks.ADD_MARK``), an
     ``EVAL`` as an append is, counted with the other requests."""
     d = {k: after.get(k, 0) - before.get(k, 0) for k in after}
     scripts = d.pop("eval", 0) + d.pop("evalsha", 0)

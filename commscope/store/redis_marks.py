@@ -147,7 +147,7 @@ def take(nodes: Nodes, stream: bytes, marks: bytes, rank: int) -> Mark | None:
     last = newest(nodes, marks)
     mark = following(nodes, stream, last, rank)
     if mark is not None:
-        add(nodes, marks, mark, MARKS_KEPT)
+        add(nodes, marks, stream, mark, MARKS_KEPT)
     return mark
 
 
@@ -206,26 +206,27 @@ def following(nodes: Nodes, stream: bytes, last: Mark | None, rank: int, least: 
     return Mark(top, ms, size, whole, carry)
 
 
-def add(nodes: Nodes, key: bytes, mark: Mark, kept: int) -> None:
-    """Append ``mark`` to ``key`` (a marks stream) keeping about ``kept``."""
-    nodes.call(key, "XADD", key, "MAXLEN", "~", kept, *_fields(mark))
+def add(nodes: Nodes, key: bytes, stream: bytes, mark: Mark, kept: int) -> None:
+    """Append ``mark`` to ``key`` (``stream``'s marks) keeping about ``kept``, where the stream
+    is still there (``ADD_MARK``)."""
+    nodes.call(key, "EVAL", ADD_MARK, 2, key, stream, kept, *_fields(mark))
 
 
 def _fields(mark: Mark) -> tuple:
     return (f"{mark.ms}-{mark.entry}", "k", mark.entry, "b", mark.bytes, "x", 0 if mark.exact else 1, "c", mark.carry)
 
 
-#: A keyframe appended only while its stream is there (a job deleted meanwhile: ``delete_job``
-#: between a keeper's read and its append would leave a key of it no one deletes); both keys
-#: in one slot
-ADD_FRAME = ("if redis.call('EXISTS', KEYS[2]) == 0 then return 0 end "
-             "redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[1], unpack(ARGV, 2)) return 1")
+#: A mark or keyframe appended only while its stream is there (a job deleted meanwhile:
+#: ``delete_job`` between a marker's or keeper's read and its append would leave a key of it
+#: no one deletes; a mark child did, under load); both keys in one slot
+ADD_MARK = ("if redis.call('EXISTS', KEYS[2]) == 0 then return 0 end "
+            "redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[1], unpack(ARGV, 2)) return 1")
 
 
 def add_frame(nodes: Nodes, f: Framed, mark: Mark) -> None:
     """Append keyframe ``mark`` of ``f``'s stream, the newest ``FRAMES_KEPT`` kept, where the
-    stream is still there (``ADD_FRAME``)."""
-    nodes.call(f.frames, "EVAL", ADD_FRAME, 2, f.frames, f.key, FRAMES_KEPT, *_fields(mark))
+    stream is still there (``ADD_MARK``)."""
+    nodes.call(f.frames, "EVAL", ADD_MARK, 2, f.frames, f.key, FRAMES_KEPT, *_fields(mark))
 
 
 class Framed:
