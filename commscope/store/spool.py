@@ -761,9 +761,17 @@ def forward_orphans(exit_status: Callable[[int], int | None] | None = None,
                 continue
             seen.add((job, sid))
 
-            # (the store without a job it may pin, ``?job=``: the spool's job is the one to write,
-            # not the pinning reader's or launcher's: helper-164 found another job's rank in it)
-            def writer(rank: int, inc: int, store: str = backend_for(store).unpinned(store), job: str = job) -> Any:
+            # (the job its rank wrote: the one its own store's name pinned (``?job=``), else its
+            # id; never the pinning reader's or launcher's: helper-164 found another job's rank
+            # in it.  The store opened without a pin, the job given)
+            own = ident.get("store")
+            try:
+                pinned = backend_for(own).pinned_job(own) if isinstance(own, str) else None
+            except Exception:
+                pinned = None
+
+            def writer(rank: int, inc: int, store: str = backend_for(store).unpinned(store),
+                       job: str = pinned or job) -> Any:
                 return open_writer(store, job, rank, incarnation=inc, resume=True, connect_timeout=2.0)
 
             done += forward_dead(job, store, writer, exit_status=exit_status)
