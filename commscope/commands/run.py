@@ -175,9 +175,8 @@ def main(args: argparse.Namespace) -> int:
     except StoreError as exc:
         raise UsageError(str(exc)) from None
     _refuse_unwritable(default_store(args.store))
-    refusal = backend_for(default_store(args.store)).refusal
-    why = refusal(backend_for(default_store(args.store)).absolute(default_store(args.store))) \
-        if refusal is not None else None
+    row, named = backend_for(default_store(args.store)), default_store(args.store)
+    why = row.refusal(row.absolute(named)) if row.refusal is not None else None
     if why is not None:  # (a store the ranks could never write: the job would run unrecorded)
         raise UsageError(why)
     if shutil.which(command[0]) is None:  # before saying "recording to": nothing will be
