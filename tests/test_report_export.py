@@ -135,7 +135,7 @@ def test_failures_in_report_and_chrome_export():
 
 
 # ---------------------------------------------------------------------- report layout
-def _report_text(events: list[dict], width: int, wide: bool = False) -> str:
+def _report_text(events: list[dict], width: int, wide: bool = False, source: str = "synthetic-job") -> str:
     import io
 
     from rich.console import Console
@@ -146,7 +146,7 @@ def _report_text(events: list[dict], width: int, wide: bool = False) -> str:
     m = TraceModel.from_events(events)
     buf = io.StringIO()
     con = Console(file=buf, width=width, force_terminal=False, color_system=None)
-    render(compute_report(m), "synthetic-job", m.world_size, [], con, wide=wide)
+    render(compute_report(m), source, m.world_size, [], con, wide=wide)
     return buf.getvalue()
 
 
@@ -207,6 +207,19 @@ def test_report_reads_in_80_columns(snapshot):
     assert "skew p99" in wide and "algbw" in wide and "…" not in wide
     assert "skew p99" in _report_text(events, 200)  # a wide terminal shows every column
     assert "Left out" not in _report_text(events, 200)
+
+
+def test_the_report_s_header_folds_after_a_long_store_url():
+    """A long store URL put the header's figures past 80 columns, folded by the terminal
+    mid-figure: they go on a line of their own, as ``check``'s do."""
+    from tui_scenarios import healthy
+
+    events, _ = healthy()
+    url = "redis://:***@redis-primary.training-cluster.internal.example.com:6379/0?job=llama-70b-run-42"
+    lines = _report_text(events, 80, source=url).splitlines()
+    assert lines[0] == f"{url}:"
+    assert lines[1].startswith("  4 ranks, ") and " ops over " in lines[1] and len(lines[1]) <= 80
+    assert _report_text(events, 200, source=url).splitlines()[0].startswith(f"{url}: 4 ranks, ")
 
 
 def test_report_long_names_run_past_the_width_uncut():

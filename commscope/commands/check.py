@@ -265,18 +265,11 @@ def render(model: TraceModel, findings: list[Finding], warnings: list[str], hang
 
 
 def header(model: TraceModel, hang_after: float, source: str, width: int) -> list[Text]:
-    """What was read, in one line, or two where one would not fit ``width`` (the source on
-    the first): a terminal folded it mid-figure ("hang_after 10" / "s").  The source as
-    text, never markup (a path with "[...]" in it lost those characters)."""
-    from rich.cells import cell_len
-    from rich.text import Text
-
+    """What was read (``options.headline``)."""
     first, last = model.own_bounds()  # (the job's own: a foreign stream's counted apart)
     what = (f"{options.ranks_read(model.world_size, len(model.kept_apart))}, {model.own_events():,} events, "
             f"{model.own_ops():,} ops, {(last - first) / 1e9:.1f} s; hang_after {hang_after:g} s")
-    if cell_len(source) + 2 + len(what) <= width:  # (cells: a wide character takes two)
-        return [Text.assemble((source, "bold"), ": ", what)]
-    return [Text.assemble((source, "bold"), ":"), Text(f"  {what}")]
+    return options.headline(source, what, width)
 
 
 def _panel(f: Finding) -> Any:

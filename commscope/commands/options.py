@@ -34,6 +34,19 @@ def ranks_read(world_size: int, apart: int) -> str:
     return f"{world_size:,} ranks" + (f" (+{apart:,} foreign stream(s) kept apart)" if apart else "")
 
 
+def headline(source: str, what: str, width: int) -> list[Text]:
+    """``check``'s and ``report``'s first line, "source: what", or two where one would not fit
+    ``width`` (the source on the first): a terminal folded it mid-figure ("hang_after 10" /
+    "s"), and a long store URL ran past 80 columns.  The source as text, never markup (a
+    path with "[...]" in it lost those characters)."""
+    from rich.cells import cell_len
+    from rich.text import Text
+
+    if cell_len(source) + 2 + cell_len(what) <= width:  # (cells: a wide character takes two)
+        return [Text.assemble((source, "bold"), ": ", what)]
+    return [Text.assemble((source, "bold"), ":"), Text(f"  {what}")]
+
+
 def seconds(text: str) -> float:
     """An argparse type: seconds from 0 to ``schema.MAX_SECONDS``, what a trace may say of
     hang_after.  "inf", "nan" and 1e300 were taken, and diagnosing raised (a duration in ns

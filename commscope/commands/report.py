@@ -234,8 +234,8 @@ def render(rep: dict[str, Any], description: str, world_size: int, warnings: lis
         con.print(Text(text, style=style, no_wrap=True, overflow="ignore"), crop=False, soft_wrap=True)
 
     ranks = options.ranks_read(world_size, rep.get("foreign_streams", 0))
-    con.print(Text.assemble((description, "bold"), f": {ranks}, {rep['ops_total']:,} ops over {rep['span_s']:.2f} s"),
-              soft_wrap=True)
+    for line in options.headline(description, f"{ranks}, {rep['ops_total']:,} ops over {rep['span_s']:.2f} s", width):
+        con.print(line, soft_wrap=True)
     for w in warnings:
         con.print(options.warning(w), soft_wrap=True)
     hidden: set[str] = set()
