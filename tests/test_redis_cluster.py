@@ -859,3 +859,34 @@ def test_a_rank_that_died_before_its_masters_failover_is_dead_with_an_unknown_lo
         finally:
             job.kill()
             job.join(30)
+
+
+def test_a_full_node_is_said_where_the_url_s_node_is_down():
+    """Connecting again after the URL's node went down, the others full: the error said only
+    the first node's "connection refused", so a keeper never read them as full and held
+    (``redis_keeper.full``).  A node that answered and refused says more, and is said."""
+    from redis_fixture import filled
+
+    from commscope.bench.redis_server import RedisCluster
+    from commscope.store.cluster import Nodes
+    from commscope.store.redis_keeper import full
+    from commscope.store.redis_store import parse_url
+
+    with RedisCluster(3, node_timeout_ms=60000) as cluster:
+        cluster.start()
+        nodes = Nodes(parse_url(cluster.url), "test")
+        nodes.connect()
+        assert len(nodes.masters()) == 3
+        nodes.close()
+        cluster.servers[0].kill()  # (the URL's node)
+        held = []
+        try:
+            for server in cluster.servers[1:]:
+                cluster.cli("CONFIG", "SET", "maxclients", "16", server=server)
+                held += filled(server)
+            with pytest.raises(StoreError) as info:
+                nodes.connect()
+        finally:
+            for s in held:
+                s.close()
+    assert "max number of clients" in str(info.value) and full(info.value), info.value

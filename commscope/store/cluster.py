@@ -34,7 +34,7 @@ from typing import Any, TypeVar
 
 from commscope.store.base import StoreError
 from commscope.store.redis_url import RedisTarget
-from commscope.store.resp import Connection, ReplyError, pack
+from commscope.store.resp import Connection, RedisRefused, ReplyError, pack
 
 SLOTS = 16384
 #: Redis's ``maxclients`` where it will not say (an ACL without INFO or CONFIG): its default
@@ -122,7 +122,10 @@ class Nodes:
     # -- the map
     def connect(self) -> None:
         """Connect to the URL's node (or, after a failure, any node known) and read the
-        slot map where it is a cluster.  StoreError when none answers."""
+        slot map where it is a cluster.  StoreError when none answers: the first node's
+        error, or the first refusal where a node refused (full, say) after one that did not
+        answer (the URL's node down, the others full said only "connection refused", and a
+        keeper never read them as full)."""
         error: StoreError | None = None
         for address in list(self._known):
             try:
@@ -133,7 +136,8 @@ class Nodes:
                 dropped = self._conns.pop(address, None)  # (a node that left the cluster: ask the next)
                 if dropped is not None:
                     dropped.close()
-                error = error or exc
+                if error is None or (isinstance(exc, RedisRefused) and not isinstance(error, RedisRefused)):
+                    error = exc
             except OSError as exc:
                 self.reset()
                 error = error or StoreError(f"cannot connect to {self.shown}: {self.why(exc)}")

@@ -34,7 +34,12 @@ class ReplyError(Exception):
     """An error reply from Redis; the connection itself is still usable."""
 
 
-class RedisAuthError(StoreError):
+class RedisRefused(StoreError):
+    """The server answered, and refused the connection (full, a database it lacks, a login):
+    it says more than a node that did not answer (``Nodes.connect``)."""
+
+
+class RedisAuthError(RedisRefused):
     """Wrong or missing password.  The message names the store with the password hidden."""
 
 
@@ -232,7 +237,7 @@ class Connection:
                     "client certificate: add ssl_certfile=FILE&ssl_keyfile=FILE")
         return f"TLS handshake failed ({what})"
 
-    def _login_error(self, reply: str) -> StoreError:
+    def _login_error(self, reply: str) -> RedisRefused:
         r = scrub(reply, self.t)
         up = r.upper()
         env = f" (the password of ${ENV_PASSWORD}: it is used for any URL without one)" if self.t.password_env else ""
@@ -246,15 +251,15 @@ class Connection:
                 f"${ENV_PASSWORD} gave one (it is used for any URL without one): unset it for this store"
                 if self.t.password_env else "remove it from the URL"))
         if "NOT ALLOWED IN CLUSTER MODE" in up:
-            return StoreError(f"cannot use {self.shown}: it is a Redis Cluster node, and a cluster has only "
+            return RedisRefused(f"cannot use {self.shown}: it is a Redis Cluster node, and a cluster has only "
                               "database 0 (use /0 in the URL)")
         if "MAX NUMBER OF CLIENTS" in up:  # (``redis_keeper.full`` reads Redis's own words)
-            return StoreError(f"cannot use {self.shown}: Redis said: {r} (it holds as many connections as its "
+            return RedisRefused(f"cannot use {self.shown}: Redis said: {r} (it holds as many connections as its "
                               "maxclients: a wide job's ranks hold one each; raise maxclients in its config, "
                               "and the open files it may use: ulimit -n)")
         if "DB INDEX" in up:
-            return StoreError(f"cannot use {self.shown}: no database {self.t.db} on that server")
-        return StoreError(f"cannot use {self.shown}: Redis said: {r}")
+            return RedisRefused(f"cannot use {self.shown}: no database {self.t.db} on that server")
+        return RedisRefused(f"cannot use {self.shown}: Redis said: {r}")
 
     def why(self, exc: BaseException) -> str:
         """A short, secret-free reason for a connection failure."""
