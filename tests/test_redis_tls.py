@@ -71,7 +71,7 @@ def test_each_missing_piece_is_named(tls_server, tls_files):
     # nothing checked (ssl_cert_reqs=none): still the client certificate the server asks for
     unchecked = (f"rediss://127.0.0.1:{port}/0?ssl_cert_reqs=none&ssl_certfile={tls_files.client_cert}"
                  f"&ssl_keyfile={tls_files.client_key}")
-    open_reader(unchecked).close()
+    open_writer(unchecked, "tls-unchecked", 0, {"world_size": 1}).close()  # (a reader found no job alone)
 
 
 def test_cluster_nodes_whose_certificates_do_not_name_their_announced_address(localhost_cluster):
@@ -136,3 +136,28 @@ def test_an_encrypted_client_key_is_refused_not_prompted_for(tls_server, tls_fil
            f"&ssl_keyfile={encrypted}")
     message = _refused(url)
     assert f"the client key '{encrypted}' is encrypted" in message and "openssl pkey" in message
+
+
+def test_a_full_redis_over_tls_is_said_to_be_perhaps_full(tls_files):
+    """A Redis at maxclients closes a new client before the TLS handshake, without a word
+    (over plain TCP it says "max number of clients reached"): with every certificate right
+    the client saw only "TLS handshake failed (UNEXPECTED_EOF_WHILE_READING)"."""
+    from commscope.store.resp import Connection
+
+    server = RedisServer(binary=require_redis_server(), tls=tls_files, extra={"maxclients": 4}).start()
+    held: list[Connection] = []
+    try:
+        url = parse_url(server.url)
+        with pytest.raises(StoreError) as info:
+            for _ in range(64):  # (4 clients fit: the fifth is closed)
+                conn = Connection(url, server.url)
+                conn.connect()
+                held.append(conn)
+    finally:
+        for conn in held:
+            conn.close()
+        server.close()
+    said = str(info.value)
+    assert 1 <= len(held) <= 4 and "during the TLS handshake" in said, said
+    assert "a Redis full of clients closes a new one so over TLS" in said and "raise maxclients" in said
+    assert "ssl_certfile=FILE" not in said  # (the URL gives one)

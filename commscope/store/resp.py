@@ -232,9 +232,13 @@ class Connection:
         if not t.ssl_certfile and "HANDSHAKE_FAILURE" in what.upper():
             return (f"TLS handshake failed ({what}): if the server asks for a client certificate, add "
                     "ssl_certfile=FILE&ssl_keyfile=FILE")
-        if not t.ssl_certfile and isinstance(exc, ssl.SSLEOFError | ConnectionResetError):
-            return (f"the server closed the connection during the TLS handshake ({what}): it may ask for a "
-                    "client certificate: add ssl_certfile=FILE&ssl_keyfile=FILE")
+        if isinstance(exc, ssl.SSLEOFError | ConnectionResetError):  # (a full Redis closes before the handshake)
+            full = ("a Redis full of clients closes a new one so over TLS, without a word (raise maxclients in "
+                    "its config, and the open files it may use: ulimit -n)")
+            if not t.ssl_certfile:
+                return (f"the server closed the connection during the TLS handshake ({what}): it may ask for a "
+                        f"client certificate: add ssl_certfile=FILE&ssl_keyfile=FILE; or {full}")
+            return f"the server closed the connection during the TLS handshake ({what}): {full}"
         return f"TLS handshake failed ({what})"
 
     def _login_error(self, reply: str) -> RedisRefused:
