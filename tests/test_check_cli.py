@@ -241,14 +241,15 @@ def test_a_crash_of_commscope_itself_exits_3_not_check_s_errors_found(tmp_path, 
     """An exception no command expected: its traceback and exit 3 where commscope runs as a
     program (Python's own status, 1, read as "errors found" in CI); raised where a caller
     in the same process (a test, a tool) passes argv."""
-    from commscope.commands import check
+    import importlib
 
+    diagnose = importlib.import_module("commscope.analysis.diagnose")  # (the package's name is the function)
     store = write_store(tmp_path / "s", healthy_trace(2))
 
     def broken(*args, **kwargs):
         raise RuntimeError("a bug in the diagnosis")
 
-    monkeypatch.setattr(check, "diagnose", broken)
+    monkeypatch.setattr(diagnose, "diagnose", broken)
     monkeypatch.setattr(sys, "argv", ["commscope", "check", str(store)])
     assert cli() == errors.INTERNAL == 3
     err = capsys.readouterr().err

@@ -142,6 +142,9 @@ def test_a_rank_whose_stream_is_not_in_the_store_though_its_peers_completed_coll
     needed it.  A trace read to its end says so as trace_incomplete; a live job's reader
     may not have listed a stream yet (no such finding), and a world larger than the ranks
     that wrote, which no collective proves ran, stays a warning."""
+    from commscope.commands.report import pinned
+    from commscope.tui.feed import REPLAY, Feed
+
     b = finished()
     for r in (0, 2):
         b.add(r, b.t0 + S // 20, "group", group="0", granks=[0, 1, 2])
@@ -161,6 +164,13 @@ def test_a_rank_whose_stream_is_not_in_the_store_though_its_peers_completed_coll
         assert out["findings"][0]["evidence"]["per_rank"] == {"1": {"no_events": True}}
         assert check_store(str(store), json=True) == 1  # (the headless demo's and snapshot's check: the same)
         assert json.loads(capsys.readouterr().out)["findings"] == out["findings"]
+        # replay said "no problems found" (judged without the wall clock: helper-165), and
+        # report did not list rank 1 first as the findings' culprit
+        feed = Feed(open_reader(store), mode=REPLAY)
+        feed.load_all()
+        assert [f.to_json() for f in feed.findings] == out["findings"]
+        model = TraceModel.from_events([e for e in events if e["rank"] != 1])
+        assert pinned(model).ranks == ["1"]
     live = TraceModel.from_events([e for e in events if e["rank"] != 1])
     assert incomplete(b, live) is None  # (judged live: no wall clock)
     assert [f.kind for f in diagnose(live, wall_ns=live.end_ns)] == ["trace_incomplete"]

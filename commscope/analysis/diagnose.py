@@ -7,6 +7,9 @@ so a job that was killed while hung is judged as it was when it last wrote.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+
 from commscope import events
 from commscope.analysis.collectives import (
     find_history_mismatches,
@@ -37,6 +40,17 @@ def trace_now(model: TraceModel) -> int:
 def default_hang_after(model: TraceModel) -> float:
     """The hang_after the ranks were recorded with, else DEFAULT_HANG_AFTER."""
     return model.hang_after() or DEFAULT_HANG_AFTER
+
+
+def judged(model: TraceModel, hang_after: float, clock: Callable[[], int] = time.time_ns
+           ) -> tuple[int, list[Finding]]:
+    """A stored trace judged as ``check`` judges it: at its end (returned), with the wall
+    ``clock`` to tell a job that stopped writing, and a trace read to its end.  The one
+    judgment of ``check``, ``report``, ``export`` and ``replay`` (``check_store`` judged
+    without the clock, and missed both: helper-65; replay too, and said "no problems found"
+    of a trace ``check`` found a rank missing from: helper-165)."""
+    now = trace_now(model)
+    return now, diagnose(model, now, hang_after, wall_ns=clock())
 
 
 def diagnose(model: TraceModel, now: int | None = None, hang_after: float | None = None,

@@ -21,11 +21,10 @@ import argparse
 import json
 import shlex
 import sys
-import time
 from typing import TYPE_CHECKING, Any
 
 from commscope.analysis import evidence
-from commscope.analysis.diagnose import default_hang_after, diagnose, trace_now
+from commscope.analysis.diagnose import default_hang_after, judged
 from commscope.analysis.findings import ERROR, Finding
 from commscope.analysis.model import TraceModel
 from commscope.analysis.ranks import ranges
@@ -74,14 +73,6 @@ def to_json(model: TraceModel, findings: list[Finding], warnings: list[str], han
     if stats is not None:
         out["skipped"] = read_summary(stats)
     return out
-
-
-def judged(model: TraceModel, hang_after: float) -> tuple[int, list[Finding]]:
-    """A stored trace judged as ``check`` judges it: at its end, with the wall clock to tell
-    a job that stopped writing, and a trace read to its end (``check_store`` judged it
-    without, and missed both: helper-65)."""
-    now = trace_now(model)
-    return now, diagnose(model, now, hang_after, wall_ns=time.time_ns())
 
 
 # ---------------------------------------------------------------------- torchrun restarts

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from typing import IO
 
 from commscope.analysis.chrome import write_chrome
-from commscope.analysis.diagnose import default_hang_after
+from commscope.analysis.diagnose import default_hang_after, judged
 from commscope.analysis.model import TraceModel
 from commscope.analysis.ranks import ranges
 from commscope.commands import options
@@ -55,7 +55,7 @@ def main(args: argparse.Namespace) -> int:
     import sys
 
     from commscope.commands import progress
-    from commscope.commands.check import judged, read_summary
+    from commscope.commands.check import read_summary
     from commscope.errors import UsageError
 
     model, reader, warnings = progress.load(args.store, progress.wanted(args.chrome == "-" and sys.stdout.isatty()),

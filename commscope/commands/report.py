@@ -209,11 +209,13 @@ NOTHING = Pinned([], [])
 
 
 def pinned(model: TraceModel) -> Pinned:
-    """The culprits and groups of the trace's findings (``diagnose`` as ``check`` runs it),
-    errors first."""
-    from commscope.analysis.diagnose import default_hang_after, diagnose, trace_now
+    """The culprits and groups of the trace's findings (judged as ``check`` judges them),
+    errors first; a finding that blames every rank (a job killed as a whole) singles out
+    none, and pins nothing."""
+    from commscope.analysis.diagnose import default_hang_after, judged
 
-    found = sorted(diagnose(model, trace_now(model), default_hang_after(model)), key=lambda f: f.severity != "error")
+    found = sorted((f for f in judged(model, default_hang_after(model))[1] if len(f.culprits) < len(model.ranks)),
+                   key=lambda f: f.severity != "error")
     groups = [group_row(f.group, p2p=f.kind in ("p2p_deadlock", "unmatched_p2p") or (f.op in OPS and OPS[f.op].kind == P2P),
                         fr=f.evidence.get("src") == "fr") for f in found if f.group is not None]
     return Pinned([str(r) for f in found for r in sorted(f.culprits)], groups)

@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 from textual.message import Message
 
 from commscope.analysis import Finding, TraceModel, diagnose, rankstate
+from commscope.analysis.diagnose import judged
 from commscope.analysis.flight_import import FlightRecorderReader
 from commscope.analysis.model import EMPTY_VIEW, ModelView
 from commscope.analysis.source import Loading, fitting_window, model_most
@@ -639,8 +640,7 @@ class Feed:
         with self.lock:
             self.model.settle()
             _noted(self.model, self.reader)
-            self.findings = sorted(diagnose(self.model, self.model.trace_end(), self.hang_after()),
-                                   key=Finding.sort_key)
+            self.findings = sorted(judged(self.model, self.hang_after(), self.clock)[1], key=Finding.sort_key)
         self.diagnoses += 1
         self.publish()
         self.info = dataclasses.replace(self._info(0), loaded=True, progress=1.0)
