@@ -132,6 +132,43 @@ def test_run_forwards_a_killed_rank_s_records_with_its_cause(tmp_path):
     assert (ex["reason"], ex["signal"], ex["src"]) == ("killed", "Killed", "launcher")
 
 
+COUNTED = textwrap.dedent("""
+    import sys, torch, torch.distributed as dist
+    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + sys.argv[1], rank=0, world_size=1)
+    for _ in range(int(sys.argv[2])):
+        dist.all_reduce(torch.ones(1))
+    dist.destroy_process_group()
+""")
+
+
+def test_a_run_the_store_refused_is_said_and_never_read_into_the_job_of_that_id(tmp_path):
+    """A job id given to a second run: the store refuses its ranks (it holds another run under
+    that id), whose records stay in their spools.  ``run`` said "diagnose with: commscope
+    check" as if it had recorded, and a check read the spools into the first run's trace
+    (helper-166: its failures blamed the first run's ranks)."""
+    import json
+    import os
+
+    from commscope.launch import free_port
+
+    script = tmp_path / "counted.py"
+    script.write_text(COUNTED)
+    env = {**os.environ, "COMMSCOPE_SPOOL_DIR": str(tmp_path / "spools")}
+    first = commscope("run", "--store", "trace", "--job", "same", "--", sys.executable, str(script),
+                      str(free_port()), "5", cwd=tmp_path, env=env)
+    assert first.returncode == 0 and "diagnose with" in first.stderr, first.stderr
+    second = commscope("run", "--store", "trace", "--job", "same", "--", sys.executable, str(script),
+                       str(free_port()), "7", cwd=tmp_path, env=env)
+    assert second.returncode == 0, second.stderr
+    assert "refusing to mix jobs" in second.stderr
+    assert "what 1 rank(s) recorded is not in the trace" in second.stderr, second.stderr
+    assert "nothing of this run is in the store" in second.stderr and "diagnose with" not in second.stderr
+    assert list((tmp_path / "spools").glob("*.spool"))  # (kept: the second run's records)
+    check = commscope("check", "trace", "--json", cwd=tmp_path, env=env)
+    out = json.loads(check.stdout)
+    assert check.returncode == 0 and out["ops"] == 5 and out["findings"] == [], check.stdout
+
+
 DEADLOCK = textwrap.dedent("""
     import torch, torch.distributed as dist
     dist.init_process_group("gloo")

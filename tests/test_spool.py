@@ -270,7 +270,7 @@ def test_the_readers_of_a_job_s_parts_forward_any_spool_and_read_only_their_rank
                              "inflight": 0})
 
     monkeypatch.setattr(spool, "forward_dead", lambda job, store, writer: 0)
-    monkeypatch.setattr(spool, "remnant_events", lambda job, store: [(1, 0, [beat(1)]), (2, 0, [beat(2)])])
+    monkeypatch.setattr(spool, "remnant_events", lambda job, store, run: [(1, 0, [beat(1)]), (2, 0, [beat(2)])])
     for k in range(3):
         reader = open_reader(f"{store}/tomb")
         reader.take_shard(Shard(k, 3))
@@ -300,6 +300,29 @@ def test_a_reader_that_may_not_forward_says_a_silent_death_once(tmp_path, monkey
         exits = [e for _ in range(4) for e in reader.poll() if e["type"] == "exit"]
         assert [(e["rank"], e["reason"], e["src"]) for e in exits] == [(1, "gone", "spool")]
         assert exits[0]["ts"] == path.stat().st_mtime_ns  # (no record: the spool's last change)
+    finally:
+        spool._remove(path)
+
+
+@pytest.mark.parametrize("run", ["r1", "r2"])
+def test_a_reader_that_may_not_forward_reads_no_spool_of_another_run_under_the_job_s_id(tmp_path, monkeypatch, run):
+    """Two runs given one job id at once: the store refused the second's ranks, whose records
+    stayed in their spools; forwarding leaves them out (``_same_run``), but a reader that
+    may not write read them into the first run's trace, and check blamed its ranks for the
+    second's failures (helper-166).  The job's run is r1 or r2; the dead spool is r1's."""
+    from commscope.store import directory
+
+    store = str(tmp_path / "trace")
+    open_writer(store, "tomb", 0, {"world_size": 2, "run": run, "inc": 0}).close()
+    path, _pid = killed_spool(store)
+
+    def refused(*args, **kwargs):
+        raise PermissionError("a store this reader may only read")
+
+    monkeypatch.setattr(directory, "DirectoryWriter", refused)
+    try:
+        exits = [e for e in open_reader(f"{store}/tomb").read_all() if e["type"] == "exit"]
+        assert [(e["rank"], e["src"]) for e in exits] == ([(1, "spool")] if run == "r1" else [])
     finally:
         spool._remove(path)
 

@@ -158,6 +158,16 @@ def _forward_spools(store: str, pid: int, code: int) -> int:
         return 0
 
 
+def _stranded(store: str, since_ns: int) -> list[Path]:
+    """The spools of this command's ranks that the store refused (``spool.stranded``)."""
+    from commscope.store import spool
+
+    try:
+        return spool.stranded(store, since_ns)
+    except Exception:  # (a look, never the command's exit)
+        return []
+
+
 def main(args: argparse.Namespace) -> int:
     from commscope.errors import UsageError
 
@@ -185,7 +195,7 @@ def main(args: argparse.Namespace) -> int:
     store = default_store(args.store)
     store = backend_for(store).absolute(store)  # (with its credentials: this process's environment has them not)
     shown = redact_store(store)
-    before = _jobs(store)
+    before, started_ns = _jobs(store), time.time_ns()
     print(f"commscope: recording to {shown}", file=sys.stderr)
     print(f"commscope: watch it with:  commscope attach {shown}", file=sys.stderr)
     try:
@@ -203,7 +213,13 @@ def main(args: argparse.Namespace) -> int:
     n = _forward_spools(store, proc.pid, code)
     if n:
         print(f"commscope: sent what {n} rank(s) that died left in their spools to the store", file=sys.stderr)
-    if before is not None and _jobs(store) == before:
+    left = _stranded(store, started_ns)
+    if left:
+        print(f"commscope: what {len(left)} rank(s) recorded is not in the trace: it could not be written to the "
+              f"store (their warnings above say why), and waits in their spools, in {left[0].parent}", file=sys.stderr)
+    if left and before is not None and _jobs(store) == before:
+        print(f"commscope: done (exit code {code}); nothing of this run is in the store", file=sys.stderr)
+    elif before is not None and _jobs(store) == before:
         print(f"commscope: done (exit code {code}); nothing was recorded: no process of the command called "
               "init_process_group", file=sys.stderr)
     else:

@@ -983,7 +983,8 @@ class TraceReader(abc.ABC):
         if self._remnants_said is None:
             self._remnants_said = set()
         said = self._remnants_said
-        for rank, inc, lines in spool.remnant_events(job, store):  # those it could not forward
+        run = (self.job() or {}).get("run")  # (another run's spools under this job id are not its)
+        for rank, inc, lines in spool.remnant_events(job, store, run if isinstance(run, str) and run != "?" else None):
             if self.owns(rank):
                 # (read again at each look: records are kept once by the stream's decoder, the
                 # other lines, its exit among them, by what was handed on already)

@@ -706,6 +706,24 @@ def _send(lines: list[bytes], img: Image, open_writer: Callable[[int, int], Any]
         writer.close()
 
 
+def stranded(store: str, since_ns: int) -> list[Path]:
+    """The dead spools of ``store`` whose ranks started at ``since_ns`` or later and whose
+    records no forwarder could send (the store refused them: a job id another run holds,
+    say): a launcher says they are not in the trace (helper-166: it said "diagnose with"
+    of a run the store had refused whole)."""
+    sid = store_id(store)
+    out = []
+    for d in spool_dirs():
+        for p in _spools(d):
+            if _identity(p).get("store_id") != sid:
+                continue
+            with _claimed(p) as fd:
+                img = read(p, fd) if fd is not None else None
+                if img is not None and not img.flags & (CLOSED | FORWARDED) and _started_ns(img) >= since_ns:
+                    out.append(p)
+    return out
+
+
 def _started_ns(img: Image) -> int:
     """When the spool's rank started, as its meta says (0 where it does not)."""
     try:
@@ -857,13 +875,20 @@ def _remove(path: Path) -> None:
             os.unlink(p)
 
 
-def remnant_events(job: str, store: str) -> list[tuple[int, int, list[bytes]]]:
+def remnant_events(job: str, store: str, run: str | None = None) -> list[tuple[int, int, list[bytes]]]:
     """(rank, incarnation, encoded events) of every dead spool of this job and store, read
-    without forwarding (a reader that may not write to the store)."""
+    without forwarding (a reader that may not write to the store).  ``run``: the run the
+    store holds under this job id (its metadata's): a spool of another run (the same job
+    id given to two runs at once, the second refused by the store) is not this job's, as
+    forwarding would not mix it in (``_same_run``); helper-166 found its failures read as
+    the first run's.  A spool whose rank never learnt its run ("?") is read."""
     out = []
     for path in dead_spools(job, store):
         img = read(path)
         if img is None or img.flags & (CLOSED | FORWARDED):
+            continue
+        theirs = img.identity.get("run")
+        if run is not None and isinstance(theirs, str) and theirs not in ("?", run):
             continue
         rank = img.rank if img.rank >= 0 else img.identity.get("rank")
         if isinstance(rank, int) and rank >= 0:
