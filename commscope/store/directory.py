@@ -394,9 +394,20 @@ class DirectoryWriter:
                     raise OSError(errno.EIO, "short write")
                 done += n
         except (OSError, StoreError) as exc:
-            # Whole lines that landed count as written; a torn tail is ended next time.  A
-            # retry that wrote nothing leaves the file as torn as it was.
+            # Whole lines that landed count as written; a torn tail is cut off (the retry
+            # writes its line whole: left, it was a damaged line, a loss counted of a line
+            # that was not lost, and an ERROR trace_incomplete on a disk that filled:
+            # helper-166), or, where it cannot be, ended next time.  A retry that wrote
+            # nothing leaves the file as torn as it was.
             if done:
+                whole = data.rfind(b"\n", 0, done) + 1
+                if whole < done:
+                    try:
+                        os.ftruncate(self._fd, self._segment_size + whole)
+                        done = whole
+                    except OSError:
+                        pass
+            if done:  # (none left: the file as it was before, torn or not)
                 self._torn = data[done - 1] != 0x0A
                 self._segment_size += done
             landed = data[len(lead):done].count(b"\n") if done > len(lead) else 0
