@@ -585,6 +585,38 @@ def test_finding_detail_keeps_up_with_its_list_entry():
     drive(app, check)
 
 
+def test_an_op_of_thousands_of_ranks_lists_the_last_to_arrive_and_summarizes_the_rest():
+    """Selecting an op of a 4,096-rank group listed every rank (4,114 lines; Rich took ~10 s
+    to lay it out, the console frozen), the last arrival buried among them, and its group
+    line was cut mid-list at 120 characters ("ranks [0, 1, ..., 28, 29,"): helper-165."""
+    import io
+
+    from rich.console import Console
+
+    from commscope.analysis import TraceModel
+    from commscope.tui.detail import SAME_OP_ROWS, op_detail
+
+    b = TraceBuilder(512)
+    t = b.collective(b.t0 + S, "all_reduce", latency=MS, skew={300: 40 * MS, 7: 20 * MS})
+    m = TraceModel.from_events(b.sorted_events())
+    console = Console(width=100, record=True, file=io.StringIO(), color_system=None)
+    console.print(op_detail(m, 5, 0, t + S))
+    out = console.export_text()
+    lines = out.splitlines()
+    rows = [ln.split() for ln in lines if ln.split()[:1] and ln.split()[0].isdigit() and "ranks" not in ln]
+    assert len(rows) == SAME_OP_ROWS - 1 and len(lines) < 40, out  # (the selected rank among them)
+    assert rows[0][:4] == ["300", "+40.0", "ms", "(last)"] and rows[1][:3] == ["7", "+20.0", "ms"], out
+    assert ["5", "◀"] in [r[:2] for r in rows]  # (the selected rank)
+    assert "same op on the other ranks: the last 15 of 512 to arrive" in out
+    assert "512 ranks arrived over +40.0 ms" in out and "512 done, 0 in flight" in out
+    assert "0  512 ranks (0-511)" in out  # (the group, whole)
+    console = Console(width=100, record=True, file=io.StringIO(), color_system=None)
+    console.print(op_detail(m, 100, 0, t + S))  # (a rank not among the last 15: listed after them)
+    lines = console.export_text().splitlines()
+    assert lines[-1].split()[:2] == ["100", "◀"]
+    assert len([ln for ln in lines if ln.split()[:1] and ln.split()[0].isdigit() and "ranks" not in ln]) == SAME_OP_ROWS
+
+
 def test_op_detail_site_latency_sparkline_and_group_best():
     b = TraceBuilder(2)
     t = b.t0 + S

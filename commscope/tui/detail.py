@@ -126,6 +126,11 @@ def _bw(bytes_per_s: float) -> str:
     return f"{bytes_per_s:.0f} B/s"
 
 
+#: Rows of the "same op on the other ranks" table; more ranks are summarized, the last to
+#: arrive listed (what the others waited on)
+SAME_OP_ROWS = 16
+
+
 def op_detail(model: TraceModel, rank: int, i: int, now: int) -> RenderableType:
     d = model.op(rank, i)
     title = Text(model.label(rank, i), style="bold")
@@ -133,7 +138,7 @@ def op_detail(model: TraceModel, rank: int, i: int, now: int) -> RenderableType:
     start = model.start_ns
     begin = d["begin_ns"]
     rows: list[tuple[str, Any]] = [
-        ("group", f"{d.get('group')}  ranks {model.groups.get(d.get('group'), [])}"[:120]),
+        ("group", f"{d.get('group')}  {ranks_text(model.groups.get(d.get('group'), []))}"),
         ("seq", d.get("seq")),
         ("peer", d.get("peer")),
         ("root", d.get("root")),
@@ -182,22 +187,34 @@ def op_detail(model: TraceModel, rank: int, i: int, now: int) -> RenderableType:
         everyone = dict(matches)
         everyone[rank] = i
         begins = {r: int(model.ranks[r].begin[j]) for r, j in everyone.items()}
-        first = min(begins.values())
-        t = Table(title="same op on the other ranks", title_justify="left", title_style="bold grey70",
-                  box=None, padding=(0, 1), show_edge=False)
+        first, latest = min(begins.values()), max(begins.values())
+        shown = sorted(everyone)
+        title = "same op on the other ranks"
+        if len(everyone) > SAME_OP_ROWS:  # (4,096 rows took Rich ~10 s to lay out, a frozen console: helper-165)
+            late = sorted(everyone, key=lambda r: (-begins[r], r))[:SAME_OP_ROWS - 1]
+            shown = late + ([rank] if rank not in late else [])
+            title += f": the last {len(late):,} of {len(everyone):,} to arrive"
+        parts.append(Text(title, style="bold grey70"))  # (a line of its own: a table's title wraps at its width)
+        t = Table(box=None, padding=(0, 1), show_edge=False)
         for col in ("rank", "arrived", "state", "duration"):
             t.add_column(col, style="grey70" if col != "rank" else "bold")
-        for r in sorted(everyone):
+        for r in shown:
             j = everyone[r]
             rt = model.ranks[r]
             comp = int(rt.comp[j])
             skew = begins[r] - first
             state = "done" if comp else "in flight"
-            last = len(set(begins.values())) > 1 and begins[r] == max(begins.values())
+            last = latest != first and begins[r] == latest
             dur = "—" if comp and untimed(rt.flags[j], rt.begin[j], rt.comp[j]) else \
                 duration(comp - begins[r]) if comp else duration(now - begins[r])
             t.add_row(str(r) + (" ◀" if r == rank else ""), f"+{duration(skew)}" + (" (last)" if last else ""),
                       state, dur)
+        if len(everyone) > SAME_OP_ROWS:
+            skews = np.fromiter((b - first for b in begins.values()), dtype=np.int64, count=len(begins))
+            flying = sum(not int(model.ranks[r].comp[j]) for r, j in everyone.items())
+            parts.append(Text(f"{len(everyone):,} ranks arrived over +{duration(latest - first)} (p50 "
+                              f"+{duration(float(np.median(skews)))}, p99 +{duration(float(np.percentile(skews, 99)))}"
+                              f"); {len(everyone) - flying:,} done, {flying:,} in flight", style="grey70"))
         missing = sorted(set(model.members(rank, i)) - set(everyone))  # a p2p op: its two ends
         if missing:
             t.caption = f"not entered by {ranks_text(missing)}"
