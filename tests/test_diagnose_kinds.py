@@ -755,6 +755,65 @@ def test_thousands_of_absent_members_are_said_together_in_one_line():
     assert len(x.evidence["missing_activity"]) == n - 2
 
 
+def _drawn(f) -> list[str]:
+    """The finding's evidence as ``check`` draws it, at 80 columns."""
+    import io
+
+    from rich.console import Console, Group
+
+    from commscope.analysis import evidence
+
+    con = Console(width=80, file=io.StringIO(), record=True, color_system=None)
+    con.print(Group(*evidence.render(f)))
+    return con.export_text().splitlines()
+
+
+def test_a_finding_of_thousands_of_ranks_says_the_ranks_alike_once():
+    """(helper-165) At 4,096 ranks a mismatch's message named every rank (93,207 characters,
+    its culprit in the last clause) and its table drew a row a rank; a hang's waits listed
+    every rank's when one waited less; 5,000 absent members drew a saying each."""
+    n = 512
+    b = TraceBuilder(n)
+    t = b.warmup()
+    for r in range(n):
+        if r != 300:
+            b.sync(r, t, None, "all_reduce")
+    b.sync(300, t, None, "broadcast", root=0)
+    b.heartbeats(t, t + 5 * S)
+    _, f = run(b)
+    (x,) = f
+    assert x.kind == "collective_mismatch" and x.culprits == [300]
+    assert x.message == ("ranks disagree at collective #4 of group 0: 511 ranks (0-299,301-511): all_reduce; "
+                         "rank 300: broadcast; differing: op, redop, root; rank(s) 300 differ from the majority")
+    drawn = _drawn(x)
+    assert len(drawn) < 12 and len(x.evidence["per_rank"]) == n, drawn  # (the evidence keeps each rank's)
+    assert any("300" in ln and "broadcast" in ln for ln in drawn)
+    assert any("0-299,301-511 (511)" in ln for ln in drawn)
+
+    b = TraceBuilder(n)  # rank 7 entered late (waited less), rank 9 never
+    t = b.warmup()
+    for r in range(n):
+        if r != 9:
+            b.sync(r, t + (2 * S if r == 7 else 0), None, "all_reduce")
+    b.heartbeats(t, t + 6 * S)
+    _, f = run(b)
+    x = next(x for x in f if x.kind == "missing_ranks")
+    assert x.culprits == [9]
+    waiting = next(ln for ln in _drawn(x) if ln.startswith("waiting"))
+    assert waiting.split("  ", 1)[1].strip() == "510 ranks (0-6,8,10-511): 6.0 s; rank 7: 4.0 s", waiting
+
+    b = TraceBuilder(2)  # 5,000 absent members
+    b.group("big", list(range(5000)))
+    t = b.warmup()
+    b.sync(0, t, None, "all_reduce", "big")
+    b.sync(1, t, None, "all_reduce", "big")
+    b.heartbeats(t, t + 5 * S)
+    _, f = run(b)
+    x = next(x for x in f if x.kind == "missing_ranks")
+    drawn = _drawn(x)
+    assert len(drawn) < 20 and "4,998 ranks (2-4999)  no events recorded" in drawn, drawn
+
+
 def test_what_absent_members_do_is_said_in_at_most_eight_sayings():
     from commscope.analysis.findings import doing_instead as _instead_said
 

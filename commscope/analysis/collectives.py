@@ -21,6 +21,7 @@ from commscope.analysis import evidence, rankstate
 from commscope.analysis.columns import RankTable
 from commscope.analysis.evidence import ABSENT, Evidence, record
 from commscope.analysis.findings import (
+    LISTED_RANKS,
     Finding,
     activity,
     doing_instead,
@@ -191,6 +192,8 @@ class MissingRanks(Evidence):
             vals = sorted(waited.values())
             if vals[-1] - vals[0] < 0.1:
                 line = f"{ranks_text(waited)} waited {vals[-1]:.1f} s"
+            elif len(waited) > LISTED_RANKS:  # (4,095 ranks' waits were 727 lines, the late one at 163: helper-165)
+                line = _who_ran({r: f"{v:.1f} s" for r, v in sorted(waited.items())})
             else:
                 line = ", ".join(f"{r}: {v:.1f} s" for r, v in sorted(waited.items()))
             parts.append(Text("waiting  ", style=evidence.DIM) + Text(line))
@@ -199,15 +202,25 @@ class MissingRanks(Evidence):
         acts = evidence.values(self.missing_activity)
         if acts:
             parts.append(Text("never entered: what they do instead", style=f"bold {evidence.GREY}"))
+        alike: dict[tuple[str, str | None, Any], list[Any]] = {}  # (ranks doing the same: one saying)
         for act in acts:
             op = act.get("in_op") or act.get("last_completed_op")
+            said = (str(act.get("text", act.get("state"))), op.get("site") if op else None, act.get("last_seq_in_group"))
+            alike.setdefault(said, []).append(act.get("rank"))
+        for k, ((text, site, last), ranks) in enumerate(alike.items()):
+            if k == LISTED_RANKS:  # (5,000 absent members drew 15,000 lines: the evidence has each)
+                rest = sum(map(len, list(alike.values())[k:]))
+                parts.append(Text(f"... and {rest:,} more rank(s), each in the evidence", style=evidence.FAINT))
+                break
             t = Text()
-            t.append(f"rank {act.get('rank')}  ", style=f"bold {evidence.BAD}")
-            t.append(str(act.get("text", act.get("state"))))
-            if op and op.get("site"):
-                t.append(f"\n  at {op['site']}", style=evidence.GREY)
-            if act.get("last_seq_in_group") is not None:
-                t.append(f"\n  last collective of the group it ran: #{act['last_seq_in_group']}", style=evidence.GREY)
+            named = f"rank {ranks[0]}" if len(ranks) == 1 else \
+                ranks_text(ranks) if all(isinstance(r, int) for r in ranks) else f"{len(ranks):,} ranks"
+            t.append(f"{named}  ", style=f"bold {evidence.BAD}")
+            t.append(text)
+            if site:
+                t.append(f"\n  at {site}", style=evidence.GREY)
+            if last is not None:
+                t.append(f"\n  last collective of the group it ran: #{last}", style=evidence.GREY)
             parts.append(t)
         if self.failed_on:
             parts.append(Text(f"the waiting op raised: {evidence.cell(self.failed_on)}", style=evidence.BAD))
@@ -273,6 +286,24 @@ def find_mismatches(model: TraceModel, now: int) -> tuple[list[Finding], dict[tu
     return findings, rows_hit
 
 
+def _who_ran(ran: dict[int, str]) -> str:
+    """'rank 0: all_reduce, rank 1: broadcast'; past ``LISTED_RANKS`` ranks, those that ran
+    the same said once, most first: '4,095 ranks (0-2048,2050-4095): all_reduce; rank 2049:
+    broadcast' (a 4,096-rank mismatch's message named every rank, 93,207 characters, its
+    culprit in the last clause: helper-165); waits alike ('5.8 s') too."""
+    if len(ran) <= LISTED_RANKS:
+        return ", ".join(f"rank {r}: {what}" for r, what in ran.items())
+    alike: dict[str, list[int]] = {}
+    for r, what in ran.items():
+        alike.setdefault(what, []).append(r)
+    kinds = sorted(alike.items(), key=lambda kv: (-len(kv[1]), kv[1][0]))
+    said = [f"{ranks_text(rs)}: {what}" for what, rs in kinds[:LISTED_RANKS]]
+    if len(kinds) > LISTED_RANKS:
+        said.append(f"{sum(len(rs) for _, rs in kinds[LISTED_RANKS:]):,} more ranks ran "
+                    f"{len(kinds) - LISTED_RANKS:,} other kinds")
+    return "; ".join(said)
+
+
 def _mismatch(model: TraceModel, gi: GroupIndex, row: int, codes: np.ndarray, now: int, later: int) -> Finding:
     seq = seq_of_row(gi, row)
     ops = gi.at(seq)
@@ -306,9 +337,8 @@ def _mismatch(model: TraceModel, gi: GroupIndex, row: int, codes: np.ndarray, no
     maj_rank = next((r for r, c in by_rank.items() if c == majority), None)
     op_name = model.sig_of(maj_rank, ops[maj_rank]).op if maj_rank is not None else "/".join(names)
     diff = _what_differs([model.sig_of(r, i) for r, i in ops.items()])
-    msg = (f"ranks disagree at collective #{seq} of group {gi.name}: " +
-           ", ".join(f"rank {r}: {table[str(r)]['op']}" + (f" {_shapes_text(table[str(r)])}" if 'shape' in diff else "")
-                     for r in sorted(ops)) +
+    did = {r: table[str(r)]["op"] + (f" {_shapes_text(table[str(r)])}" if "shape" in diff else "") for r in sorted(ops)}
+    msg = (f"ranks disagree at collective #{seq} of group {gi.name}: " + _who_ran(did) +
            (f"; differing: {', '.join(diff)}" if diff else "") +
            (_undecided(lost, coming, ran) if undecided else "; tie, so every rank is named" if tie else
             f"; {rank_list(culprits)} differ from the majority"))

@@ -164,6 +164,8 @@ def kv(rows: list[tuple[str, Any]]) -> Table:
 
 #: A column whose every cell fits this many characters is short: never broken.
 SHORT_CELL = 24
+#: Rows a per-rank table draws before it folds ranks alike into one row (``PerRankTable``)
+FOLD_ROWS = 16
 
 
 class PerRankTable:
@@ -175,7 +177,10 @@ class PerRankTable:
       (exceptions, call sites) on indented lines of their own, wrapped at spaces;
     - not even that (a narrow pane): each row as ``column value`` pairs, wrapped.
 
-    Rows whose ``key_col`` is in ``bad`` stand out."""
+    Rows whose ``key_col`` is in ``bad`` stand out.  Past ``FOLD_ROWS`` rows keyed by rank,
+    the rows alike but for their rank are one, keyed by the ranks' ranges and count (a
+    4,096-rank mismatch drew a row a rank, 5,468 lines of ``check``: helper-165), and past
+    ``FOLD_ROWS`` such rows the rest are counted."""
 
     def __init__(self, title: str, columns: list[str], rows: list[list[Any]], bad: set[int] | None = None,
                  key_col: int = 0):
@@ -184,6 +189,22 @@ class PerRankTable:
         self.keys = [row[key_col] for row in rows]
         self.cells = [[cell(x) for x in row] for row in rows]
         self.bad = bad or set()
+        self.more = 0
+        if len(rows) > FOLD_ROWS and columns[key_col] == "rank" and all(_rank(k) is not None for k in self.keys):
+            self._fold(key_col)
+
+    def _fold(self, key_col: int) -> None:
+        alike: dict[tuple[bool, tuple[str, ...]], list[int]] = {}
+        for key, row in zip(self.keys, self.cells, strict=True):
+            rest = tuple(c for i, c in enumerate(row) if i != key_col)
+            alike.setdefault((_rank(key) in self.bad, rest), []).append(_rank(key))
+        folded = sorted(alike.items(), key=lambda kv: (not kv[0][0], kv[1][0]))  # (the bad rows first)
+        self.more = max(0, len(folded) - FOLD_ROWS)
+        self.keys, self.cells = [], []
+        for (bad, rest), ranks in folded[:FOLD_ROWS]:
+            key = str(ranks[0]) if len(ranks) == 1 else f"{ranges(ranks, limit=4)} ({len(ranks):,})"
+            self.keys.append(ranks[0] if bad else -1)
+            self.cells.append([*rest[:key_col], key, *rest[key_col:]])
 
     def __rich_console__(self, console: Any, options: Any) -> Iterator[RenderableType]:
         from rich.cells import cell_len
@@ -207,6 +228,7 @@ class PerRankTable:
                     line.append(f"{c} ", style=DIM)
                     line.append(v)
                 yield line
+            yield from self._more()
             return
 
         gap = "  " if sum(widths[i] for i in shown) + 2 * (len(shown) - 1) <= width else " "
@@ -224,6 +246,18 @@ class PerRankTable:
             for i in beneath:
                 if row[i] not in ("", "–"):
                     yield Padding(Text.assemble((f"{self.columns[i]} ", DIM), (row[i], style or GREY)), (0, 0, 0, 2))
+        yield from self._more()
+
+    def _more(self) -> Iterator[Text]:
+        if self.more:
+            yield Text(f"... {self.more:,} more kinds of row (check --json has every rank's)", style=FAINT)
+
+
+def _rank(key: Any) -> int | None:
+    """A row's rank, as an int (evidence keys ranks by their text too)."""
+    if isinstance(key, int) and not isinstance(key, bool):
+        return key
+    return int(key) if isinstance(key, str) and key.isdigit() else None
 
 
 def table(title: str, columns: list[str], rows: list[list[Any]], bad: set[int] | None = None,
