@@ -617,6 +617,44 @@ def test_an_op_of_thousands_of_ranks_lists_the_last_to_arrive_and_summarizes_the
     assert len([ln for ln in lines if ln.split()[:1] and ln.split()[0].isdigit() and "ranks" not in ln]) == SAME_OP_ROWS
 
 
+def test_at_80x24_the_findings_ranks_stay_on_screen_and_nothing_scrolls_the_screen():
+    """Two ranks of different hosts missing from a 512-rank all_reduce: the culprits and their
+    hosts' ranks are 17 rows, more than 80x24 shows.  On open the app selects the finding's
+    op, in the waiting ranks' row at the bottom, and the timeline scrolled the culprits off;
+    the screen itself was 26 rows at 24 (it scrolled, the error count cut from the header):
+    helper-165.  The findings' rows stay, the rest scrolls under them."""
+    b = TraceBuilder(512, hang_after=2.0, ranks_per_host=8)
+    t = b.t0 + 100 * MS
+    for _ in range(3):
+        t = b.collective(t, "all_reduce", latency=20 * MS, shape=(4096,)) + 10 * MS
+    for r in range(512):
+        if r not in (100, 300):
+            b.sync(r, t + (r % 7) * MS, None, "all_reduce", shape=(4096,))
+    now = t + 6 * S
+    b.heartbeats(b.t0, now, interval=S)
+    app = make_app(b.sorted_events(), now)
+
+    async def check(pilot):
+        tl = app.timeline
+        assert [f.culprits for f in app.findings] == [[100, 300]]
+        assert len(tl.rows) > tl.size.height and tl.sel_row == len(tl.rows) - 1 and tl.scroll_offset.y > 0
+        lines = _screen_text(app).splitlines()
+        shown = [ln for ln in lines if "r100 " in ln or "r300 " in ln]
+        assert len(shown) == 2 and any("×" in ln for ln in lines), "\n".join(lines)  # (the selected row too)
+        assert app.screen.max_scroll_y == 0 and "✖ 1 ▲ 0" in lines[0], lines[0]
+        top = tl.scroll_offset.y
+        await pilot.click(type(tl), offset=(3, 1))  # (a frozen row: the second culprit's)
+        assert tl.sel_row == 1
+        await pilot.click(type(tl), offset=(3, 2))  # (the first row that scrolls)
+        assert tl.sel_row == 2 + top
+        for _ in range(len(tl.rows)):  # (up through the rows that scroll, to the frozen ones)
+            await pilot.press("up")
+        await pilot.pause()
+        assert tl.sel_row == 0 and tl.scroll_offset.y == 0
+
+    drive(app, check, size=(80, 24))
+
+
 def test_op_detail_site_latency_sparkline_and_group_best():
     b = TraceBuilder(2)
     t = b.t0 + S

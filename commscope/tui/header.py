@@ -1,5 +1,5 @@
-"""The one-line status header: job, world size, backend, clock, ingest rate, events (the job's own,
-the foreign streams' apart), finding counts."""
+"""The one-line status header: finding counts, job, world size, backend, clock, ingest rate, events
+(the job's own, the foreign streams' apart)."""
 
 from __future__ import annotations
 
@@ -22,6 +22,9 @@ class StatusHeader(Static):
         error = problem or info.error
         t = Text(no_wrap=True, overflow="ellipsis")
         t.append(" commscope ", style="bold white on #4f8fd6")
+        # the finding counts first: last, a long store path or an 80-column terminal cut them (helper-165)
+        t.append(f" ✖ {errors}", style="bold #e05050" if errors else "grey42")
+        t.append(f" ▲ {warnings} ", style="bold #e0a030" if warnings else "grey42")
         t.append(f" {job or info.source} ", style="bold")
         t.append(f"· {world} rank{'s' if world != 1 else ''} · {backend} ", style="grey70")
         if info.mode == REPLAY:
@@ -67,9 +70,7 @@ class StatusHeader(Static):
             t.append(f"· {info.reused} reused op ids ", style="#e0a030")
         if untimed:
             t.append(f"· {untimed:,} ops without timings ", style="grey62")
-        t.append(f"✖ {errors} ", style="bold #e05050" if errors else "grey42")
-        t.append(f"▲ {warnings}", style="bold #e0a030" if warnings else "grey42")
-        if info.warnings_total:  # (what the reader said, after the findings' counts: ``w`` shows it)
-            t.append(f" · {info.warnings_total:,} read warning{'s' if info.warnings_total != 1 else ''} (w)",
+        if info.warnings_total:  # (what the reader said: ``w`` shows it)
+            t.append(f"· {info.warnings_total:,} read warning{'s' if info.warnings_total != 1 else ''} (w)",
                      style="#e0a030")
         self.update(t)

@@ -244,6 +244,9 @@ class Timeline(ScrollView, can_focus=True):
         self._flagged_rows: set[str] = set()
         self.sel: tuple[int, int] | None = None
         self.sel_row = 0
+        #: the first rows, the findings' ranks pinned (``rebuild_rows``), stay on screen while the
+        #: rest scrolls under them (``_frozen``)
+        self.pinned_rows = 0
         self.cursor_ns: int | None = None  # replay cursor
         self.now_ns = 0
         self.hang_after_ns = int(DEFAULT_HANG_AFTER * 10**9)
@@ -275,6 +278,7 @@ class Timeline(ScrollView, can_focus=True):
         self.rows = []
         self.sel = None
         self.sel_row = 0
+        self.pinned_rows = 0
         self.cursor_ns = None
         self.follow = True
         self._placed = False
@@ -331,6 +335,7 @@ class Timeline(ScrollView, can_focus=True):
             apart = [r for r in apart if r in self.flagged]
         every = len(ranks)  # (the job's, the findings' among them)
         rows: list[Row] = []
+        pinned: list[int] = []
         if len(ranks) > PIN_MIN_RANKS and self.flagged:
             pinned = [r for r in ranks if r in self.flagged]
             rows = [Row(f"r{r}", f"r{r}", (r,)) for r in pinned]
@@ -357,6 +362,7 @@ class Timeline(ScrollView, can_focus=True):
                 label = f"r{chunk[0]}" if len(chunk) == 1 else f"r{chunk[0]}-{chunk[-1]}"
                 rows.append(Row(f"b:{label}", label, chunk))
         rows += after
+        self.pinned_rows = len(pinned)
         self._rows_token = (m, self.mode, *token[2:])  # (the mode as it is now: a large job's first rows switch it)
         if rows != self.rows:  # (a behaviour row keeps its key while its ranks change)
             self.rows = rows
@@ -425,11 +431,41 @@ class Timeline(ScrollView, can_focus=True):
             self.post_message(self.ViewChanged())
 
     # ------------------------------------------------------------------ rendering
+    def _frozen(self) -> int:
+        """How many of the first rows (the findings' ranks, pinned) stay on screen while the
+        rest scrolls: at most half the height.  At 80x24 a 4,096-rank job's first screen
+        selected the waiting ranks' row at the bottom and scrolled its culprits off
+        (helper-165)."""
+        return min(self.pinned_rows, self.size.height // 2)
+
+    def _row_at(self, y: int) -> int:
+        """The row drawn on line ``y``: a frozen row, else one scrolled."""
+        frozen = self._frozen()
+        return y if y < frozen else y + self.scroll_offset.y
+
+    def _visible(self) -> list[Row]:
+        """The rows on screen, the frozen ones first."""
+        frozen, top = self._frozen(), self.scroll_offset.y
+        return self.rows[:frozen] + self.rows[frozen + top:top + self.size.height]
+
+    def _reveal(self, center: bool) -> None:
+        """Scroll so the selected row is on screen (``center``: in the middle of the rows
+        that scroll), a frozen one being there already."""
+        frozen, top, height = self._frozen(), self.scroll_offset.y, self.size.height
+        if self.sel_row < frozen:
+            return
+        if center:
+            self.scroll_to(y=max(0, self.sel_row - frozen - (height - frozen) // 2), animate=False)
+        elif self.sel_row < top + frozen:
+            self.scroll_to(y=self.sel_row - frozen, animate=False)
+        elif self.sel_row >= top + height:
+            self.scroll_to(y=self.sel_row - height + 1, animate=False)
+
     def render_line(self, y: int) -> Strip:
         if not self._placed:
             self.ensure_placed()
         width = self.size.width
-        ri = y + self.scroll_offset.y
+        ri = self._row_at(y)
         if not self.rows:
             if y == self.size.height // 2:
                 if self.empty_text:
@@ -496,7 +532,7 @@ class Timeline(ScrollView, can_focus=True):
         top = self.scroll_offset.y
         token = (m, win, self.rows, top, self.size.height, m.version)  # (the view, the rows by identity: ``_same``)
         if not _same(self._levels_token, token):
-            rows = [r for r in self.rows[top:top + self.size.height] if not r.alone]
+            rows = [r for r in self._visible() if not r.alone]
             # (only what changed since the last frame's counts, where it was over the same rows and window)
             got, self._counted = rows_levels(m, rows, win, cats, self._spans if self.SPAN_INDEX else None,
                                              self._counted)
@@ -523,9 +559,8 @@ class Timeline(ScrollView, can_focus=True):
     def _repaint_visible(self, m: ModelLike, win: Window, cats: np.ndarray, token: tuple) -> None:
         """Bring every visible one-rank row's painting up to date (``repaint_ranks``: in one
         pass, which costs much less than row by row), for the frame ``token``."""
-        top = self.scroll_offset.y
         keys, asks = [], []
-        for row in self.rows[top:top + self.size.height]:
+        for row in self._visible():
             if row.alone:
                 r = row.ranks[0]
                 pkey = self._painted_key(r, win)
@@ -656,7 +691,7 @@ class Timeline(ScrollView, can_focus=True):
                     self.npc = _clamp(int((e - b) / (self.timeline_width() * 0.6)))
                 self.t0 = b - (self.t1() - self.t0) // 4
                 self.post_message(self.ViewChanged())
-            self.scroll_to(y=max(0, self.sel_row - self.size.height // 2), animate=False)
+            self._reveal(center=True)
         self.refresh()
         self.post_message(self.OpSelected(rank, index))
 
@@ -705,11 +740,7 @@ class Timeline(ScrollView, can_focus=True):
         if not self.rows:
             return
         self.sel_row = max(0, min(len(self.rows) - 1, self.sel_row + delta))
-        top = self.scroll_offset.y
-        if self.sel_row < top:
-            self.scroll_to(y=self.sel_row, animate=False)
-        elif self.sel_row >= top + self.size.height:
-            self.scroll_to(y=self.sel_row - self.size.height + 1, animate=False)
+        self._reveal(center=False)
         self.refresh()
 
     def action_row_up(self) -> None:
@@ -780,7 +811,7 @@ class Timeline(ScrollView, can_focus=True):
             self.post_message(self.OpSelected(*self.sel))
 
     def on_click(self, event: events.Click) -> None:
-        ri = event.y + self.scroll_offset.y
+        ri = self._row_at(event.y)
         if not 0 <= ri < len(self.rows):
             return
         self.sel_row = ri
