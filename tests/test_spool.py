@@ -325,6 +325,28 @@ def test_a_reader_that_may_not_forward_reads_no_spool_of_another_run_under_the_j
         assert [(e["rank"], e["src"]) for e in exits] == ([(1, "spool")] if run == "r1" else [])
     finally:
         spool._remove(path)
+    # rank 0 draws a run at each incarnation: one of incarnation 1 is read whatever run the
+    # metadata (incarnation 0's) says (helper-167: a killed rank's last records were dropped)
+    later, _pid = killed_spool(store, CHILD.replace('"inc": 0, "run": "r1"', '"inc": 1, "run": "r9"'))
+    try:
+        exits = [e for e in open_reader(f"{store}/tomb").read_all() if e["type"] == "exit"]
+        assert [(e["rank"], e["src"]) for e in exits] == [(1, "spool")]
+    finally:
+        spool._remove(later)
+
+
+def test_a_launcher_says_only_its_own_ranks_spools_were_left(tmp_path):
+    """(helper-167) Two launches on one store: the spools left by the other launch's ranks are
+    not this one's to say "not in the trace" of."""
+    store = str(tmp_path / "trace")
+    paths = [killed_spool(store, CHILD.replace('"pid": os.getpid()}', f'"pid": os.getpid(), "launch": "{who}"}}'))[0]
+             for who in ("mine", "theirs")]
+    try:
+        assert spool.stranded(store, "mine") == [paths[0]] and spool.stranded(store, "theirs") == [paths[1]]
+        assert spool.stranded(store, "another") == []
+    finally:
+        for p in paths:
+            spool._remove(p)
 
 
 def test_a_spool_left_unclosed_after_a_clean_exit_does_not_make_the_rank_dead(tmp_path, capsys):

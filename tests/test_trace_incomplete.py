@@ -171,6 +171,9 @@ def test_a_rank_whose_stream_is_not_in_the_store_though_its_peers_completed_coll
         assert [f.to_json() for f in feed.findings] == out["findings"]
         model = TraceModel.from_events([e for e in events if e["rank"] != 1])
         assert pinned(model).ranks == ["1"]
+        # (as many culprits as ranks read, but not every rank of the job: still singled out, helper-167)
+        alone = TraceModel.from_events([e for e in events if e["rank"] == 0])
+        assert set(pinned(alone).ranks) == {"1", "2"}
     live = TraceModel.from_events([e for e in events if e["rank"] != 1])
     assert incomplete(b, live) is None  # (judged live: no wall clock)
     assert [f.kind for f in diagnose(live, wall_ns=live.end_ns)] == ["trace_incomplete"]

@@ -193,7 +193,10 @@ class MissingRanks(Evidence):
             if vals[-1] - vals[0] < 0.1:
                 line = f"{ranks_text(waited)} waited {vals[-1]:.1f} s"
             elif len(waited) > LISTED_RANKS:  # (4,095 ranks' waits were 727 lines, the late one at 163: helper-165)
-                line = _who_ran({r: f"{v:.1f} s" for r, v in sorted(waited.items())})
+                median = vals[len(vals) // 2]
+                least = [r for r in sorted(waited, key=lambda r: (waited[r], r)) if waited[r] < median - 0.05][:3]
+                line = f"{len(waited):,} ranks, {vals[0]:.1f}-{vals[-1]:.1f} s (median {median:.1f} s)" + (
+                    "; least (came last): " + ", ".join(f"rank {r} {waited[r]:.1f} s" for r in least) if least else "")
             else:
                 line = ", ".join(f"{r}: {v:.1f} s" for r, v in sorted(waited.items()))
             parts.append(Text("waiting  ", style=evidence.DIM) + Text(line))
@@ -290,7 +293,7 @@ def _who_ran(ran: dict[int, str]) -> str:
     """'rank 0: all_reduce, rank 1: broadcast'; past ``LISTED_RANKS`` ranks, those that ran
     the same said once, most first: '4,095 ranks (0-2048,2050-4095): all_reduce; rank 2049:
     broadcast' (a 4,096-rank mismatch's message named every rank, 93,207 characters, its
-    culprit in the last clause: helper-165); waits alike ('5.8 s') too."""
+    culprit in the last clause: helper-165)."""
     if len(ran) <= LISTED_RANKS:
         return ", ".join(f"rank {r}: {what}" for r, what in ran.items())
     alike: dict[str, list[int]] = {}

@@ -198,7 +198,7 @@ class PerRankTable:
         for key, row in zip(self.keys, self.cells, strict=True):
             rest = tuple(c for i, c in enumerate(row) if i != key_col)
             alike.setdefault((_rank(key) in self.bad, rest), []).append(_rank(key))
-        folded = sorted(alike.items(), key=lambda kv: (not kv[0][0], kv[1][0]))  # (the bad rows first)
+        folded = sorted(alike.items(), key=lambda kv: not kv[0][0])  # (the bad rows first, else in the rows' order)
         self.more = max(0, len(folded) - FOLD_ROWS)
         self.keys, self.cells = [], []
         for (bad, rest), ranks in folded[:FOLD_ROWS]:

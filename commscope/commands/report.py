@@ -210,15 +210,15 @@ NOTHING = Pinned([], [])
 
 def pinned(model: TraceModel) -> Pinned:
     """The culprits and groups of the trace's findings (judged as ``check`` judges them),
-    errors first; a finding that blames every rank (a job killed as a whole) singles out
-    none, and pins nothing."""
+    errors first; a finding that blames every rank of the job (killed as a whole) singles
+    out no rank (its group, if it names one, still goes first)."""
     from commscope.analysis.diagnose import default_hang_after, judged
 
-    found = sorted((f for f in judged(model, default_hang_after(model))[1] if len(f.culprits) < len(model.ranks)),
-                   key=lambda f: f.severity != "error")
+    found = sorted(judged(model, default_hang_after(model))[1], key=lambda f: f.severity != "error")
+    everyone = set(range(model.world_size)) if model.world_size else set(model.ranks)
     groups = [group_row(f.group, p2p=f.kind in ("p2p_deadlock", "unmatched_p2p") or (f.op in OPS and OPS[f.op].kind == P2P),
                         fr=f.evidence.get("src") == "fr") for f in found if f.group is not None]
-    return Pinned([str(r) for f in found for r in sorted(f.culprits)], groups)
+    return Pinned([str(r) for f in found if not set(f.culprits) >= everyone for r in sorted(f.culprits)], groups)
 
 
 def render(rep: dict[str, Any], description: str, world_size: int, warnings: list[str], con, *,

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -36,6 +37,7 @@ from commscope.store import (
     redact_store,
     refuse_url_like,
     retention,
+    spool,
 )
 from commscope.store.base import is_job_name
 from commscope.store.directory import ENV_SHARE
@@ -90,6 +92,7 @@ def build_env(args: argparse.Namespace, base: dict[str, str] | None = None, nati
     env[ENV_STORE], apart = row.credentials_apart(row.absolute(store))  # (the command may change directory)
     env.update(apart)
     env["COMMSCOPE_AUTO"] = "1"
+    env[spool.ENV_LAUNCH] = secrets.token_hex(8)  # (its ranks' spools say it: ``spool.stranded``)
     if args.hang_after is not None:
         env["COMMSCOPE_HANG_AFTER"] = str(args.hang_after)
     if args.job:
@@ -147,8 +150,6 @@ def _native_ready() -> bool:
 def _forward_spools(store: str, pid: int, code: int) -> int:
     """As a launcher: forward the spools ranks of this store left on this host when they
     died, with the exit status of the process we started (a rank killed outright)."""
-    from commscope.store import spool
-
     sid = spool.store_id(store)
     try:
         return spool.forward_orphans(exit_status={pid: code}.get, stores=lambda s: store if s == sid else None,
@@ -158,12 +159,10 @@ def _forward_spools(store: str, pid: int, code: int) -> int:
         return 0
 
 
-def _stranded(store: str, since_ns: int) -> list[Path]:
+def _stranded(store: str, launch: str) -> list[Path]:
     """The spools of this command's ranks that the store refused (``spool.stranded``)."""
-    from commscope.store import spool
-
     try:
-        return spool.stranded(store, since_ns)
+        return spool.stranded(store, launch)
     except Exception:  # (a look, never the command's exit)
         return []
 
@@ -195,7 +194,7 @@ def main(args: argparse.Namespace) -> int:
     store = default_store(args.store)
     store = backend_for(store).absolute(store)  # (with its credentials: this process's environment has them not)
     shown = redact_store(store)
-    before, started_ns = _jobs(store), time.time_ns()
+    before = _jobs(store)
     print(f"commscope: recording to {shown}", file=sys.stderr)
     print(f"commscope: watch it with:  commscope attach {shown}", file=sys.stderr)
     try:
@@ -213,7 +212,7 @@ def main(args: argparse.Namespace) -> int:
     n = _forward_spools(store, proc.pid, code)
     if n:
         print(f"commscope: sent what {n} rank(s) that died left in their spools to the store", file=sys.stderr)
-    left = _stranded(store, started_ns)
+    left = _stranded(store, env[spool.ENV_LAUNCH])
     if left:
         print(f"commscope: what {len(left)} rank(s) recorded is not in the trace: it could not be written to the "
               f"store (their warnings above say why), and waits in their spools, in {left[0].parent}", file=sys.stderr)

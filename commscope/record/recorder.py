@@ -579,6 +579,8 @@ class Recorder:
         identity = {"job": self.job, "run": self.run, "rank": self.rank, "inc": self.incarnation,
                     "store_id": spool.store_id(self.store),
                     "store": where[:600], "host": socket.gethostname()[:100], "pid": self.pid}
+        if os.environ.get(spool.ENV_LAUNCH):  # (``commscope run``'s: it tells its ranks' spools by it)
+            identity["launch"] = os.environ[spool.ENV_LAUNCH][:32]
         try:
             sp = spool.Spool.create(identity)
         except (OSError, ValueError) as exc:

@@ -983,8 +983,10 @@ class TraceReader(abc.ABC):
         if self._remnants_said is None:
             self._remnants_said = set()
         said = self._remnants_said
-        run = (self.job() or {}).get("run")  # (another run's spools under this job id are not its)
-        for rank, inc, lines in spool.remnant_events(job, store, run if isinstance(run, str) and run != "?" else None):
+        meta = self.job() or {}  # (another run's spools of its incarnation under this job id are not its)
+        run, at = meta.get("run"), meta.get("inc", 0)
+        ran = (run, at) if isinstance(run, str) and run != "?" and isinstance(at, int) else None
+        for rank, inc, lines in spool.remnant_events(job, store, ran):
             if self.owns(rank):
                 # (read again at each look: records are kept once by the stream's decoder, the
                 # other lines, its exit among them, by what was handed on already)

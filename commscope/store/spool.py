@@ -49,6 +49,9 @@ if TYPE_CHECKING:  # (base reads spools: a type is all this module needs of it)
 
 ENV_SPOOL_DIR = "COMMSCOPE_SPOOL_DIR"
 ENV_BUFFER_MB = "COMMSCOPE_BUFFER_MB"
+#: Set by ``commscope run`` for its command: each spool of its ranks says it (identity
+#: ``launch``), so the launcher tells its own ranks' spools from another launch's
+ENV_LAUNCH = "COMMSCOPE_LAUNCH"
 MAGIC = b"CSSPOOL1"
 VERSION = 1
 HEADER_SIZE = 4096
@@ -706,20 +709,22 @@ def _send(lines: list[bytes], img: Image, open_writer: Callable[[int, int], Any]
         writer.close()
 
 
-def stranded(store: str, since_ns: int) -> list[Path]:
-    """The dead spools of ``store`` whose ranks started at ``since_ns`` or later and whose
-    records no forwarder could send (the store refused them: a job id another run holds,
-    say): a launcher says they are not in the trace (helper-166: it said "diagnose with"
-    of a run the store had refused whole)."""
+def stranded(store: str, launch: str) -> list[Path]:
+    """The dead spools of ``store`` that ranks of the launch ``launch`` left (``ENV_LAUNCH``)
+    and whose records no forwarder could send (the store refused them: a job id another run
+    holds, say): a launcher says they are not in the trace (helper-166: it said "diagnose
+    with" of a run the store had refused whole).  Another launch's are not its to say
+    (helper-167: a launcher running beside the refused one said so of its own job)."""
     sid = store_id(store)
     out = []
     for d in spool_dirs():
         for p in _spools(d):
-            if _identity(p).get("store_id") != sid:
+            ident = _identity(p)
+            if ident.get("store_id") != sid or ident.get("launch") != launch:
                 continue
             with _claimed(p) as fd:
                 img = read(p, fd) if fd is not None else None
-                if img is not None and not img.flags & (CLOSED | FORWARDED) and _started_ns(img) >= since_ns:
+                if img is not None and not img.flags & (CLOSED | FORWARDED):
                     out.append(p)
     return out
 
@@ -875,20 +880,22 @@ def _remove(path: Path) -> None:
             os.unlink(p)
 
 
-def remnant_events(job: str, store: str, run: str | None = None) -> list[tuple[int, int, list[bytes]]]:
+def remnant_events(job: str, store: str, run: tuple[str, int] | None = None) -> list[tuple[int, int, list[bytes]]]:
     """(rank, incarnation, encoded events) of every dead spool of this job and store, read
     without forwarding (a reader that may not write to the store).  ``run``: the run the
-    store holds under this job id (its metadata's): a spool of another run (the same job
-    id given to two runs at once, the second refused by the store) is not this job's, as
-    forwarding would not mix it in (``_same_run``); helper-166 found its failures read as
-    the first run's.  A spool whose rank never learnt its run ("?") is read."""
+    store's metadata says this job id's incarnation ran, (run, incarnation): a spool of
+    that incarnation and another run (the same job id given to two runs at once, the
+    second refused by the store) is not this job's, as forwarding would not mix it in
+    (``_same_run``); helper-166 found its failures read as the first run's.  Rank 0 draws
+    a run at each incarnation, so a spool of another incarnation is read (helper-167), as
+    is one whose rank never learnt its run ("?")."""
     out = []
     for path in dead_spools(job, store):
         img = read(path)
         if img is None or img.flags & (CLOSED | FORWARDED):
             continue
         theirs = img.identity.get("run")
-        if run is not None and isinstance(theirs, str) and theirs not in ("?", run):
+        if run is not None and img.incarnation == run[1] and isinstance(theirs, str) and theirs not in ("?", run[0]):
             continue
         rank = img.rank if img.rank >= 0 else img.identity.get("rank")
         if isinstance(rank, int) and rank >= 0:
