@@ -234,6 +234,51 @@ def test_ctrl_c_during_a_hang_stops_the_ranks_and_keeps_the_stacks_captured_whil
     assert all(f["evidence"]["stacks"][str(r)] for r in (0, 1))
 
 
+#: A shell launcher that starts its rank in the background and waits: Ctrl-C ends the shell,
+#: while its background rank ignores SIGINT (a non-interactive shell's background jobs do).
+SHELL_LAUNCHER = textwrap.dedent("""\
+    #!/bin/bash
+    "$1" -c 'import os, sys, time; open(sys.argv[1], "w").write(str(os.getpid())); time.sleep(600)' "$2" &
+    wait
+""")
+
+
+def test_ctrl_c_ends_the_ranks_a_launcher_left_running_when_it_exited(tmp_path):
+    """(helper-166) The launcher exits on Ctrl-C, its background rank does not: commscope run
+    printed "done" and left the rank running, orphaned (it went on writing to the store).
+    Now what ran below the command at the request gets its SIGTERM after the grace period."""
+    import os
+    import signal
+    import time
+
+    import psutil
+
+    launcher = tmp_path / "launch.sh"
+    launcher.write_text(SHELL_LAUNCHER)
+    launcher.chmod(0o755)
+    pidfile = tmp_path / "rank.pid"
+    proc = subprocess.Popen([sys.executable, "-m", "commscope", "run", "--store", str(tmp_path / "trace"), "--",
+                             str(launcher), sys.executable, str(pidfile)], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    rank = None
+    try:
+        deadline = time.monotonic() + 120  # a guard against a broken build, not a timing assertion
+        while not (pidfile.exists() and pidfile.read_text()):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.1)
+        rank = psutil.Process(int(pidfile.read_text()))
+        proc.send_signal(signal.SIGINT)  # (to commscope run alone: it passes it on to the launcher)
+        _, err = proc.communicate(timeout=120)
+        assert "1 process(es) of the job still running after it exited: sending them SIGTERM" in err, err
+        rank.wait(timeout=120)  # (not its child: no exit status to read; it ends, or this raises)
+        assert not rank.is_running()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        if rank is not None and rank.is_running():
+            rank.kill()
+
+
 # A rank that prints its store and raises with the Redis password in the message (a
 # connection string echoed into an error): the password must be in neither.
 PASSWORD_RANK = textwrap.dedent("""

@@ -229,14 +229,20 @@ def main(args: argparse.Namespace) -> int:
 class _Stop:
     """Passes a stop request on to the command, and ends ranks that cannot act on it: the
     command and every process below it get SIGTERM ``STOP_GRACE_S`` after the first request,
-    or at the second."""
+    or at the second.  The processes below it are looked up at the first request too, so
+    those left running once the command itself has exited (a shell launcher ended by Ctrl-C
+    whose background ranks ignore SIGINT) still get theirs (helper-166: they ran on,
+    orphaned, writing to the store)."""
 
     def __init__(self, proc: subprocess.Popen):
         self.proc = proc
         self.asked: float | None = None
         self.terminated = False
+        self.family: list = []  # (psutil.Process) below the command at the first request
 
     def request(self, signum: int, _frame: object) -> None:
+        if self.asked is None:  # (before the signal: a launcher it ends leaves its ranks to init at once)
+            self.family = self._family()
         try:
             self.proc.send_signal(signum)
         except ProcessLookupError:
@@ -248,18 +254,25 @@ class _Stop:
         else:
             self.terminate()
 
+    def _family(self) -> list:
+        """The command's processes, those below it first (psutil.Process: a pid reused since
+        is never signalled)."""
+        import psutil
+
+        try:
+            top = psutil.Process(self.proc.pid)
+            return [*top.children(recursive=True), top]
+        except psutil.Error:
+            return []
+
     def terminate(self) -> None:
         """SIGTERM to every process below the command, then to the command: the ranks under a
         launcher, or the command itself when it is the rank (with its helper processes)."""
         import psutil
 
         self.terminated = True
-        try:
-            top = psutil.Process(self.proc.pid)
-            family = [*top.children(recursive=True), top]  # looked up before any is signalled
-        except psutil.Error:
-            return
-        for p in family:
+        family = self._family()  # looked up before any is signalled
+        for p in [*(p for p in self.family if p not in family), *family]:
             try:
                 p.terminate()
             except psutil.Error:
@@ -268,11 +281,34 @@ class _Stop:
     def wait(self) -> int:
         while True:
             try:
-                return self.proc.wait(timeout=0.2)
+                code = self.proc.wait(timeout=0.2)
             except subprocess.TimeoutExpired:
                 if self.asked is not None and not self.terminated and time.monotonic() - self.asked >= STOP_GRACE_S:
                     print("commscope: ranks still running: sending them SIGTERM", file=sys.stderr)
                     self.terminate()
+                continue
+            if self.asked is not None and not self.terminated:
+                self._orphans()
+            return code
+
+    def _orphans(self) -> None:
+        """The command exited on a stop request: what ran below it and still runs gets its
+        SIGTERM when the grace period ends, as it would have under the command."""
+        import psutil
+
+        left = [p for p in self.family if p.pid != self.proc.pid]
+        try:
+            _, alive = psutil.wait_procs(left, timeout=max(0.0, STOP_GRACE_S - (time.monotonic() - self.asked)))
+        except psutil.Error:
+            return
+        if alive:
+            print(f"commscope: {len(alive)} process(es) of the job still running after it exited: sending them "
+                  "SIGTERM", file=sys.stderr)
+        for p in alive:
+            try:
+                p.terminate()
+            except psutil.Error:
+                pass
 
 
 def _jobs(store: str) -> set[str] | None:
