@@ -16,7 +16,7 @@ import re
 from typing import NamedTuple
 
 #: Units of a duration, in seconds (``--retain`` ages too; ``--since`` also takes ``m`` for
-#: minutes, which ``--retain`` leaves to sizes: ``500m`` there is 500 MiB)
+#: minutes, which ``--retain`` refuses as ambiguous: a size or an age)
 DURATION_UNITS = {"s": 1, "sec": 1, "min": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _SECONDS = {**DURATION_UNITS, "m": 60}
 _UNIT = "|".join(sorted(_SECONDS, key=len, reverse=True))  # (longest first: "min" before "m")

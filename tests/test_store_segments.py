@@ -327,9 +327,13 @@ def test_retention_limits_read_as_users_write_them(text, want):
     assert tuple(retention.parse(text)) == want
 
 
-@pytest.mark.parametrize("text", ["lots", "5 parsecs", "10KB"])
-def test_retention_limits_that_make_no_sense_are_refused(text):
-    with pytest.raises(ValueError):
+@pytest.mark.parametrize("text, why", [("lots", "cannot read"), ("5 parsecs", "unknown unit"),
+                                       ("10KB", "at least 1 MiB"), ("30m", "a size or an age? write 30MiB or 30min"),
+                                       ("0s", "an age above 0"), ("2GiB,1GiB", "two sizes"), ("1d,2h", "two ages")])
+def test_retention_limits_that_make_no_sense_are_refused(text, why):
+    """(helper-166) "30m" kept 30 MiB a rank where --since reads 30 minutes; "0s" kept only the
+    segment being written; "2GiB,1GiB" kept the last silently."""
+    with pytest.raises(ValueError, match=why.replace("?", r"\?")):
         retention.parse(text)
 
 
@@ -771,8 +775,11 @@ def test_a_retention_limit_that_cannot_be_read_keeps_everything(monkeypatch):
     monkeypatch.setenv(retention.ENV_RETAIN, "unlimted")
     with pytest.warns(RuntimeWarning, match="keeping all history"):
         assert retention.from_env() == retention.NONE
-    monkeypatch.setenv(retention.ENV_RETAIN, "500m")
-    assert retention.from_env() == retention.Retention(500 << 20, None)  # sizes, never minutes
+    monkeypatch.setenv(retention.ENV_RETAIN, "500m")  # (a size or an age: never guessed, nothing deleted)
+    with pytest.warns(RuntimeWarning, match="write 500MiB or 500min"):
+        assert retention.from_env() == retention.NONE
+    monkeypatch.setenv(retention.ENV_RETAIN, "500MiB")
+    assert retention.from_env() == retention.Retention(500 << 20, None)
 
 
 def test_a_forwarder_never_bounds_a_history(tmp_path):

@@ -62,8 +62,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a directory store's trace is readable by your group (default: by you alone; "
                         "sets $COMMSCOPE_SHARE_WITH_GROUP for the ranks)")
     p.add_argument("--retain", metavar="LIMIT",
-                   help="the history a directory store keeps of each rank: a size (2GiB), an age (7d: segments "
-                        "that ended that long before the newest), both (2GiB,7d) or none; older segments are "
+                   help="the history a directory store keeps of each rank: a size (2GiB, 500MiB), an age (7d, "
+                        "90min: segments that ended that long before the newest), both (2GiB,7d) or none; older "
+                        "segments are "
                         "summarized (counts, bytes, latency per minute: commscope report) and deleted "
                         f"(default {retention.DEFAULT.describe()}; sets $COMMSCOPE_RETAIN)")
     p.add_argument("--keyframes", metavar="SECONDS",

@@ -41,9 +41,10 @@ from commscope.store.segments import Segment, lines_before, segments_of, stream_
 from commscope.window import DURATION_UNITS
 
 ENV_RETAIN = "COMMSCOPE_RETAIN"
-#: Sizes: decimal with B (``500MB``), binary with iB or alone (``2GiB``, ``2G``, ``500m``: MiB)
+#: Sizes: decimal with B (``500MB``), binary with iB or alone (``2GiB``, ``2G``); never ``m``
+#: alone, which ``--since`` reads as minutes (helper-166: ``30m`` kept 30 MiB a rank)
 _UNITS = {"b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4, "kib": 1 << 10, "mib": 1 << 20,
-          "gib": 1 << 30, "tib": 1 << 40, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+          "gib": 1 << 30, "tib": 1 << 40, "k": 1 << 10, "g": 1 << 30, "t": 1 << 40}
 _PART = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]+)\s*$")
 MINUTE_NS = 60 * 1_000_000_000
 BUCKETS = 32  # latency histogram: bucket b holds latencies in [2^b, 2^(b+1)) us (b 0: under 2 us)
@@ -97,13 +98,21 @@ def parse(text: str) -> Retention:
         if m is None:
             raise ValueError(f"cannot read {part.strip()!r}: give a size (2GiB) or an age (7d), or both: 2GiB,7d")
         n, unit = float(m.group(1)), m.group(2)
+        if unit == "m":
+            raise ValueError(f"{part.strip()!r}: a size or an age? write {m.group(1)}MiB or {m.group(1)}min")
         if unit in _UNITS:
+            if max_bytes is not None:
+                raise ValueError(f"two sizes in {text!r}: give one size, one age, or one of each")
             max_bytes = int(n * _UNITS[unit])
         elif unit in DURATION_UNITS:
+            if max_age is not None:
+                raise ValueError(f"two ages in {text!r}: give one size, one age, or one of each")
+            if n <= 0:
+                raise ValueError(f"{part.strip()!r}: an age above 0 (0 would keep only the segment being written)")
             max_age = n * DURATION_UNITS[unit]
         else:
             raise ValueError(f"unknown unit {unit!r} in {part.strip()!r}: sizes B, KB, MB, GB, KiB, MiB, GiB "
-                             "(or K, M, G: binary); ages s, min, h, d, w")
+                             "(or K, G: binary); ages s, min, h, d, w")
     if max_bytes is not None and max_bytes < (1 << 20):
         raise ValueError("keep at least 1 MiB per rank")
     return Retention(max_bytes, max_age)
