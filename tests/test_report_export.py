@@ -222,6 +222,27 @@ def test_the_report_s_header_folds_after_a_long_store_url():
     assert _report_text(events, 200, source=url).splitlines()[0].startswith(f"{url}: 4 ranks, ")
 
 
+def test_the_report_s_warnings_wrap_at_its_width():
+    """(helper-166) A reader's warning ran to 155 columns in an 80-column report."""
+    import io
+
+    from rich.console import Console
+    from tui_scenarios import healthy
+
+    from commscope.analysis.report import compute_report
+    from commscope.commands.report import render
+
+    events, _ = healthy()
+    m = TraceModel.from_events(events)
+    buf = io.StringIO()
+    con = Console(file=buf, width=80, force_terminal=False, color_system=None)
+    said = ("rank 3: 12 line(s) of its stream were lost: retention deleted segment 4 while this reader was "
+            "reading it: about 12 of its 4,096 events not read")
+    render(compute_report(m), "synthetic-job", m.world_size, [said], con)
+    lines = buf.getvalue().splitlines()
+    assert max(map(len, lines)) <= 80 and " ".join(lines[1:4]).startswith("warning: rank 3: 12 line(s)"), lines[:4]
+
+
 def test_report_long_names_run_past_the_width_uncut():
     b = TraceBuilder(2)
     t = b.t0 + S
