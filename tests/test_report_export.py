@@ -243,6 +243,23 @@ def test_the_report_s_warnings_wrap_at_its_width():
     assert max(map(len, lines)) <= 80 and " ".join(lines[1:4]).startswith("warning: rank 3: 12 line(s)"), lines[:4]
 
 
+def test_the_report_says_what_it_leaves_out_of_incomplete_collectives():
+    """(helper-166) An all_reduce rank 2 never entered was left out of the per-op count and
+    bytes too, while the note said only "left out of the latency columns"."""
+    b = TraceBuilder(3)
+    t = b.t0 + S
+    for _ in range(4):
+        t = b.collective(t, "all_reduce", latency=2 * MS) + MS
+    b.sync(0, t, t + MS, "all_reduce")
+    b.sync(1, t, t + MS, "all_reduce")
+    text = _report_text(b.sorted_events(), 80)
+    row = next(ln for ln in text.splitlines() if ln.startswith("all_reduce"))
+    assert row.split()[1] == "4", row  # (the fifth instance, incomplete, not counted)
+    said = " ".join(text.split())
+    assert ("1 collective instance(s) not complete on every member (a rank that died or hung in it, or one whose "
+            "part retention deleted) are left out of the per-op and per-group tables, counts and bytes included.") in said
+
+
 def test_report_long_names_run_past_the_width_uncut():
     b = TraceBuilder(2)
     t = b.t0 + S

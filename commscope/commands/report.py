@@ -278,8 +278,9 @@ def render(rep: dict[str, Any], description: str, world_size: int, warnings: lis
         notes.append(f"{rep['ops_untimed']:,} ops without timings (Flight Recorder on Gloo, or no end time) are "
                      f"shown as {NONE} and left out of latency and bandwidth.")
     if rep["incomplete_collectives"]:
-        notes.append(f"{rep['incomplete_collectives']:,} collective instance(s) not complete on every member are "
-                     "left out of the latency columns.")
+        notes.append(f"{rep['incomplete_collectives']:,} collective instance(s) not complete on every member (a "
+                     "rank that died or hung in it, or one whose part retention deleted) are left out of the per-op "
+                     "and per-group tables, counts and bytes included.")
     if hidden:
         order = [c.header for c in _STAT_COLS + _RANK_COLS]
         notes.append(f"Left out to fit {width} columns: " + ", ".join(sorted(hidden, key=order.index))
