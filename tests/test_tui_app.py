@@ -1440,6 +1440,15 @@ def test_by_host_4096_ranks_are_three_lines_the_culprit_its_host_and_the_hosts_a
     drive(app, check, size=(80, 24))
 
 
+def test_a_label_cut_to_the_gutter_says_it_was_cut():
+    """(helper-165) At 80 columns a block "r128-255" read "r128-25", a range of its own, and
+    host "node00256" read "node002", another host: a cut label says so, a host keeps its tail."""
+    from commscope.tui.painter import LABEL, fit_label
+
+    assert fit_label("r128-255") == "r128-2…" and fit_label("r2049") == "r2049"
+    assert fit_label("node00256", tail=True) == "…e00256" and len(fit_label("x" * 40)) == LABEL
+
+
 def test_hosts_collapse_by_what_their_ranks_do_the_rarest_first():
     """``host_rows`` over 128 ranks (16 hosts), none pinned: node05, one of whose ranks is
     idle after all_reduce #3 while its others wait in #4, alone; node03 and node09, whose

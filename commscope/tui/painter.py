@@ -163,8 +163,21 @@ def render_row(m: ModelLike, row: Row, win: Window, *, kind: str = "unknown", fo
     return strip.crop(0, width)
 
 
+#: The characters of a row's label in the gutter
+LABEL = GUTTER - 4
+
+
+def fit_label(text: str, tail: bool = False) -> str:
+    """A row's label in ``LABEL`` characters, a cut one saying so: its head and "…" ("r128-…",
+    not "r128-25", which read as a range of its own: helper-165), or, ``tail``, "…" and its
+    tail (a host's: "…e00256", not "node002", another host's name)."""
+    if len(text) <= LABEL:
+        return text
+    return "…" + text[-(LABEL - 1):] if tail else text[:LABEL - 1] + "…"
+
+
 def _gutter(row: Row, kind: str, focused: bool, flagged: bool) -> list[Segment]:
-    label = row.label[: GUTTER - 4].ljust(GUTTER - 4)
+    label = fit_label(row.label).ljust(LABEL)
     if row.apart:  # (no rank of the job's: no state of the job's either)
         return [_APART, _SPACE, Segment(label, _APART_FOCUSED if focused else palette.FOREIGN_STYLE),
                 _FLAG if flagged else _NO_FLAG, _BAR]

@@ -42,6 +42,7 @@ from commscope.tui.painter import (
     Painted,
     Row,
     Window,
+    fit_label,
     follow,
     render_row,
     repaint_rank,
@@ -158,7 +159,7 @@ def host_rows(m: ModelView, ranks: list[int], apart: Iterable[str] = (), summari
     for r in ranks:
         hosts.setdefault(host_of(m, r), []).append(r)
     if not summarize:
-        return [Row(f"n:{h}", f"{h[:GUTTER - 3]}", tuple(rs)) for h, rs in hosts.items()]
+        return [Row(f"n:{h}", fit_label(h, tail=True), tuple(rs)) for h, rs in hosts.items()]
     behaviour = {r: key for key, rs in behaviour_groups(m, ranks) for r in rs}
     alike: dict[tuple, list[str]] = {}  # what a host's ranks do (behaviour, ranks in it) -> its hosts
     for h, rs in hosts.items():
@@ -169,12 +170,12 @@ def host_rows(m: ModelView, ranks: list[int], apart: Iterable[str] = (), summari
     for does, hs in sorted(alike.items(), key=lambda kv: (len(kv[1]), hosts[kv[1][0]][0])):
         what = ", ".join(f"{n} {doing(key)}" for key, n in does)
         for h in [h for h in hs if h in first]:
-            row = Row(f"n:{h}", f"{h[:GUTTER - 3]}", tuple(hosts[h]),
+            row = Row(f"n:{h}", fit_label(h, tail=True), tuple(hosts[h]),
                       f"{h}: {what}" if h != "?" else f"no host said: {what}")
             (rows if h == "?" else own).append(row)
         hs = [h for h in hs if h not in first]
         if len(hs) == 1:
-            rows.append(Row(f"n:{hs[0]}", f"{hs[0][:GUTTER - 3]}", tuple(hosts[hs[0]]), f"{hs[0]}: {what}"))
+            rows.append(Row(f"n:{hs[0]}", fit_label(hs[0], tail=True), tuple(hosts[hs[0]]), f"{hs[0]}: {what}"))
         elif hs:
             named = f"{hs[0]}, {hs[1]}" if len(hs) == 2 else f"{hs[0]} … {hs[-1]}"
             rows.append(Row(f"H:{does}", f"×{len(hs)}", tuple(r for h in hs for r in hosts[h]),
