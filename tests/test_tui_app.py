@@ -1440,6 +1440,33 @@ def test_by_host_4096_ranks_are_three_lines_the_culprit_its_host_and_the_hosts_a
     drive(app, check, size=(80, 24))
 
 
+def test_a_replay_cursor_judges_a_sample_of_a_collapsed_row_s_ranks(monkeypatch):
+    """(helper-165) As of a replay cursor each rank is judged alone (~60 us): the 4,088 ranks'
+    row judged all of them at each cursor step, and playback lagged seconds behind its keys.
+    Its dot is judged from an even sample, as its shading is."""
+    from tui_scenarios import wide_missing_rank
+
+    from commscope.tui import timeline
+    from commscope.tui.timeline import BEHAVIOUR_SAMPLE
+
+    events, now = wide_missing_rank()
+    app = make_app(events, now, mode=REPLAY)
+    calls = []
+    real = timeline.rank_state
+    monkeypatch.setattr(timeline, "rank_state", lambda *a, **k: calls.append(a[1]) or real(*a, **k))
+
+    async def check(pilot):
+        tl = app.timeline
+        big = max(tl.rows, key=lambda r: len(r.ranks))
+        assert len(big.ranks) == 4088
+        tl.cursor_ns = now - 3 * S
+        calls.clear()
+        assert tl._row_kind(tl.model, big) == "blocked"
+        assert 0 < len(calls) <= BEHAVIOUR_SAMPLE and set(calls) <= set(big.ranks)
+
+    drive(app, check, size=(120, 40))
+
+
 def test_a_label_cut_to_the_gutter_says_it_was_cut():
     """(helper-165) At 80 columns a block "r128-255" read "r128-25", a range of its own, and
     host "node00256" read "node002", another host: a cut label says so, a host keeps its tail."""
