@@ -318,6 +318,16 @@ def test_check_since_a_bad_window_is_a_usage_error(tmp_path, capsys):
     assert cli(["check", store, "--since", "1h", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["skipped"]["before_window_bytes"] == 0 and out["skipped"]["summarized"] == 0
+    # (the files written now, the trace's events dated months before: a window back from the
+    # newest write starts after them, and says so)
+    (said,) = out["warnings"]
+    assert said.startswith("the window (the last 1 h) starts after the trace's newest event"), said
+    # one segment a rank, no keyframe: a window inside the trace starts at each stream's start,
+    # and says so (a copy's window read everything unsaid: helper-166)
+    end = JobShape(2, 20).t0 + 2 * 10**9
+    assert cli(["check", store, "--since", Since(at_ns=end).describe()[6:-4].replace(" ", "T"), "--json"]) == 0
+    (said,) = json.loads(capsys.readouterr().out)["warnings"]
+    assert "skipped nothing: each stream was read from its start" in said, said
 
 
 @pytest.mark.parametrize("text, want", [("2GiB", (2 << 30, None)), ("500MB", (500_000_000, None)),

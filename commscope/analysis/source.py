@@ -141,10 +141,17 @@ def load_trace(store: str | os.PathLike | None, progress: Callable[[Loading], No
         raise UsageError(f"{redact(reader.description)}: no events recorded")
     model.note_read_stats(stats)
     warnings = read_warnings(model, stats)
-    if since is not None and since.at_ns is not None and since.at_ns > model.end_ns:  # (helper-163: not said)
+    start = None if since is None else since.at_ns if since.at_ns is not None else reader.window_start_ns()
+    if start is not None and start > model.end_ns:  # (helper-163: not said)
         warnings.append(f"the window ({since.describe()}) starts after the trace's newest event "
                         f"({Since(at_ns=model.end_ns).describe()[6:]}): no event of the trace is in it; what is "
                         "shown is what the ranks were in as the streams' keyframes and marks said")
+    elif (start is not None and start > (first := model.own_bounds()[0]) and not stats.skipped_bytes
+          and not stats.skipped_events and not stats.summarized):
+        # (a copy: one file a rank, no segment or keyframe to start a window at; read whole unsaid: helper-166)
+        warnings.append(f"the window ({since.describe()}) skipped nothing: each stream was read from its start (no "
+                        f"keyframe, mark or segment of it starts later), {(start - first) / 1e9:,.1f} s before the "
+                        "window")
     return model, reader, warnings
 
 
