@@ -337,6 +337,13 @@ def test_retention_limits_read_as_users_write_them(text, want):
     assert tuple(retention.parse(text)) == want
 
 
+def test_memory_sizes_take_m_alone_as_mib():
+    """(helper-168) ``--max-memory 512M`` and ``512m`` were refused once ``--retain`` refused m."""
+    from commscope.commands.options import byte_size
+
+    assert byte_size("512M") == byte_size("512m") == byte_size("512MiB") == 512 << 20
+
+
 @pytest.mark.parametrize("text, why", [("lots", "cannot read"), ("5 parsecs", "unknown unit"),
                                        ("10KB", "at least 1 MiB"), ("30m", "a size or an age? write 30MiB or 30min"),
                                        ("0s", "an age above 0"), ("2GiB,1GiB", "two sizes"), ("1d,2h", "two ages")])
@@ -788,7 +795,7 @@ def test_a_retention_limit_that_cannot_be_read_keeps_everything(monkeypatch):
     monkeypatch.setenv(retention.ENV_RETAIN, "500m")  # (a size or an age: never guessed, nothing deleted)
     with pytest.warns(RuntimeWarning, match="write 500MiB or 500min"):
         assert retention.from_env() == retention.NONE
-    monkeypatch.setenv(retention.ENV_RETAIN, "500MiB")
+    monkeypatch.setenv(retention.ENV_RETAIN, "500M")  # (M alone is MiB, as G is GiB: helper-168)
     assert retention.from_env() == retention.Retention(500 << 20, None)
 
 

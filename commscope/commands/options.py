@@ -110,11 +110,14 @@ CULPRITS = "culprits"
 
 
 def byte_size(text: str) -> int:
-    """Bytes, as ``--retain`` reads them (``64MiB``, ``2GiB``, ``500MB``), at least 1 MiB."""
+    """Bytes, as ``--retain`` reads them (``64MiB``, ``2GiB``, ``500MB``), at least 1 MiB; ``m``
+    alone is MiB here too (``--retain`` refuses it, which also reads ages: helper-168)."""
+    import re
+
     from commscope.store import retention
 
     try:
-        kept = retention.parse(text)
+        kept = retention.parse(re.sub(r"(?<=\d)\s*m\s*$", "M", text))
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc).replace(" per rank", "")) from None
     if kept.max_bytes is None or kept.max_age_s is not None:

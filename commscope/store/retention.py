@@ -41,10 +41,10 @@ from commscope.store.segments import Segment, lines_before, segments_of, stream_
 from commscope.window import DURATION_UNITS
 
 ENV_RETAIN = "COMMSCOPE_RETAIN"
-#: Sizes: decimal with B (``500MB``), binary with iB or alone (``2GiB``, ``2G``); never ``m``
-#: alone, which ``--since`` reads as minutes (helper-166: ``30m`` kept 30 MiB a rank)
+#: Sizes: decimal with B (``500MB``), binary with iB or alone (``2GiB``, ``2G``, ``500M``); never
+#: ``m`` in lower case, which ``--since`` reads as minutes (helper-166: ``30m`` kept 30 MiB a rank)
 _UNITS = {"b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4, "kib": 1 << 10, "mib": 1 << 20,
-          "gib": 1 << 30, "tib": 1 << 40, "k": 1 << 10, "g": 1 << 30, "t": 1 << 40}
+          "gib": 1 << 30, "tib": 1 << 40, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 _PART = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]+)\s*$")
 MINUTE_NS = 60 * 1_000_000_000
 BUCKETS = 32  # latency histogram: bucket b holds latencies in [2^b, 2^(b+1)) us (b 0: under 2 us)
@@ -89,16 +89,16 @@ NONE = Retention(None, None)
 
 def parse(text: str) -> Retention:
     """``2GiB``, ``500MB``, ``7d``, ``12h``, ``2GiB,7d`` or ``none``; ValueError otherwise."""
-    text = text.strip().lower()
-    if text in ("none", "all", "unlimited", "off"):
+    text = text.strip()
+    if text.lower() in ("none", "all", "unlimited", "off"):
         return NONE
     max_bytes, max_age = None, None
     for part in text.split(","):
         m = _PART.match(part)
         if m is None:
             raise ValueError(f"cannot read {part.strip()!r}: give a size (2GiB) or an age (7d), or both: 2GiB,7d")
-        n, unit = float(m.group(1)), m.group(2)
-        if unit == "m":
+        n, unit = float(m.group(1)), m.group(2).lower()
+        if m.group(2) == "m":  # (M alone is MiB, as G is GiB: only m reads as minutes elsewhere)
             raise ValueError(f"{part.strip()!r}: a size or an age? write {m.group(1)}MiB or {m.group(1)}min")
         if unit in _UNITS:
             if max_bytes is not None:
