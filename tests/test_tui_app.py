@@ -1440,6 +1440,41 @@ def test_by_host_4096_ranks_are_three_lines_the_culprit_its_host_and_the_hosts_a
     drive(app, check, size=(80, 24))
 
 
+def test_page_down_shows_every_row_under_the_frozen_ones():
+    """(helper-168) Eight culprits on eight hosts: 65 rows, 8 frozen.  A page scrolled the
+    widget's whole height, and the rows the frozen ones covered were never on screen."""
+    missing = [10, 70, 130, 190, 250, 310, 370, 430]
+    b = TraceBuilder(512, hang_after=2.0, ranks_per_host=8)
+    t = b.t0 + 100 * MS
+    for _ in range(3):
+        t = b.collective(t, "all_reduce", latency=20 * MS, shape=(4096,)) + 10 * MS
+    for r in range(512):
+        if r not in missing:
+            b.sync(r, t + (r % 7) * MS, None, "all_reduce", shape=(4096,))
+    now = t + 6 * S
+    b.heartbeats(b.t0, now, interval=S)
+    app = make_app(b.sorted_events(), now)
+
+    async def check(pilot):
+        tl = app.timeline
+        tl.focus()
+        tl.scroll_to(y=0, animate=False)
+        await pilot.pause()
+        assert tl._frozen() == 8 and len(tl.rows) > 2 * tl.size.height
+        seen: set[int] = set()
+        for _ in range(len(tl.rows)):
+            seen |= {tl._row_at(y) for y in range(tl.size.height)}
+            await pilot.press("pagedown")
+            await pilot.pause()
+        assert seen >= set(range(len(tl.rows)))
+        for _ in range(len(tl.rows)):
+            await pilot.press("pageup")
+        await pilot.pause()
+        assert tl.scroll_offset.y == 0
+
+    drive(app, check, size=(120, 40))
+
+
 def test_a_replay_cursor_judges_a_sample_of_a_collapsed_row_s_ranks(monkeypatch):
     """(helper-165) As of a replay cursor each rank is judged alone (~60 us): the 4,088 ranks'
     row judged all of them at each cursor step, and playback lagged seconds behind its keys.

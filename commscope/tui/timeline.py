@@ -462,6 +462,14 @@ class Timeline(ScrollView, can_focus=True):
         elif self.sel_row >= top + height:
             self.scroll_to(y=self.sel_row - height + 1, animate=False)
 
+    def action_page_down(self) -> None:
+        """A page of the rows that scroll: a whole height skipped those the frozen rows hide
+        (helper-168)."""
+        self.scroll_to(y=self.scroll_offset.y + max(1, self.size.height - self._frozen()), animate=False)
+
+    def action_page_up(self) -> None:
+        self.scroll_to(y=max(0, self.scroll_offset.y - max(1, self.size.height - self._frozen())), animate=False)
+
     def render_line(self, y: int) -> Strip:
         if not self._placed:
             self.ensure_placed()
