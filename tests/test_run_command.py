@@ -238,28 +238,44 @@ def test_ctrl_c_during_a_hang_stops_the_ranks_and_keeps_the_stacks_captured_whil
 #: while its background rank ignores SIGINT (a non-interactive shell's background jobs do).
 SHELL_LAUNCHER = textwrap.dedent("""\
     #!/bin/bash
-    "$1" -c 'import os, sys, time; open(sys.argv[1], "w").write(str(os.getpid())); time.sleep(600)' "$2" &
+    "$1" "$2" "$3" "$4" &
     wait
+""")
+
+#: A rank that joins a group of one and sleeps (recorded: its spool, its exit).
+SLEEPER = textwrap.dedent("""
+    import os, sys, time, torch.distributed as dist
+    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + sys.argv[2], rank=0, world_size=1)
+    open(sys.argv[1], "w").write(str(os.getpid()))
+    time.sleep(600)
 """)
 
 
 def test_ctrl_c_ends_the_ranks_a_launcher_left_running_when_it_exited(tmp_path):
-    """(helper-166) The launcher exits on Ctrl-C, its background rank does not: commscope run
-    printed "done" and left the rank running, orphaned (it went on writing to the store).
-    Now what ran below the command at the request gets its SIGTERM after the grace period."""
+    """(helper-166, helper-168) Ctrl-C, to the whole foreground group as a terminal sends it:
+    the shell launcher exits, its background rank does not.  commscope run printed "done"
+    and left the rank running, orphaned (it went on writing to the store); looking below the
+    command at the request was too late (the shell was gone, its rank left to init).  Now it
+    adopts the command's orphans (a child subreaper), ends them when the grace period ends,
+    and waits for them: the trace says the rank was stopped."""
     import os
     import signal
     import time
 
     import psutil
 
+    from commscope.launch import free_port
+
     launcher = tmp_path / "launch.sh"
     launcher.write_text(SHELL_LAUNCHER)
     launcher.chmod(0o755)
+    script = tmp_path / "sleeper.py"
+    script.write_text(SLEEPER)
     pidfile = tmp_path / "rank.pid"
-    proc = subprocess.Popen([sys.executable, "-m", "commscope", "run", "--store", str(tmp_path / "trace"), "--",
-                             str(launcher), sys.executable, str(pidfile)], cwd=tmp_path, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    store = tmp_path / "trace"
+    proc = subprocess.Popen([sys.executable, "-m", "commscope", "run", "--store", str(store), "--", str(launcher),
+                             sys.executable, str(script), str(pidfile), str(free_port())], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     rank = None
     try:
         deadline = time.monotonic() + 120  # a guard against a broken build, not a timing assertion
@@ -267,16 +283,17 @@ def test_ctrl_c_ends_the_ranks_a_launcher_left_running_when_it_exited(tmp_path):
             assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
             time.sleep(0.1)
         rank = psutil.Process(int(pidfile.read_text()))
-        proc.send_signal(signal.SIGINT)  # (to commscope run alone: it passes it on to the launcher)
+        os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C
         _, err = proc.communicate(timeout=120)
         assert "1 process(es) of the job still running after it exited: sending them SIGTERM" in err, err
-        rank.wait(timeout=120)  # (not its child: no exit status to read; it ends, or this raises)
-        assert not rank.is_running()
+        assert not rank.is_running()  # (ended and waited for before run exited)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
         if rank is not None and rank.is_running():
             rank.kill()
+    (ex,) = of_type(read_events(store), "exit", 0)
+    assert ex.get("signal") == "Terminated", ex
 
 
 # A rank that prints its store and raises with the Redis password in the message (a

@@ -16,6 +16,7 @@ recorded, the stacks captured while they hung included, stays in the trace.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import secrets
 import shutil
@@ -198,6 +199,7 @@ def main(args: argparse.Namespace) -> int:
     before = _jobs(store)
     print(f"commscope: recording to {shown}", file=sys.stderr)
     print(f"commscope: watch it with:  commscope attach {shown}", file=sys.stderr)
+    _adopt_orphans()
     try:
         proc = subprocess.Popen(command, env=env)
     except FileNotFoundError:
@@ -225,6 +227,19 @@ def main(args: argparse.Namespace) -> int:
     else:
         print(f"commscope: done (exit code {code}); diagnose with:  commscope check {shown}", file=sys.stderr)
     return code if code >= 0 else 128 - code
+
+
+def _adopt_orphans() -> None:
+    """Become the parent of the command's processes whose parent dies (Linux's child
+    subreaper): a shell launcher ended by Ctrl-C leaves its ranks to init at once, before a
+    look at what ran below it can see them (helper-168); adopted, they are still below this
+    process for ``_Stop`` to end."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        pass
 
 
 class _Stop:
@@ -272,7 +287,8 @@ class _Stop:
         import psutil
 
         self.terminated = True
-        family = self._family()  # looked up before any is signalled
+        # (looked up before any is signalled; not once the command is reaped: its pid may be another's)
+        family = self._family() if self.proc.returncode is None else self._adopted()
         for p in [*(p for p in self.family if p not in family), *family]:
             try:
                 p.terminate()
@@ -292,24 +308,39 @@ class _Stop:
                 self._orphans()
             return code
 
+    def _adopted(self) -> list:
+        """This process's children but the command: what ran below the command and lost its
+        parent (``_adopt_orphans``)."""
+        import psutil
+
+        try:
+            return [p for p in psutil.Process().children(recursive=True) if p.pid != self.proc.pid]
+        except psutil.Error:
+            return []
+
     def _orphans(self) -> None:
         """The command exited on a stop request: what ran below it and still runs gets its
-        SIGTERM when the grace period ends, as it would have under the command."""
+        SIGTERM when the grace period ends, as it would have under the command, and is waited
+        for (a grace period more at most), so that its spool is dead and forwarded next."""
         import psutil
 
         left = [p for p in self.family if p.pid != self.proc.pid]
+        left += [p for p in self._adopted() if p not in left]
         try:
             _, alive = psutil.wait_procs(left, timeout=max(0.0, STOP_GRACE_S - (time.monotonic() - self.asked)))
         except psutil.Error:
             return
-        if alive:
-            print(f"commscope: {len(alive)} process(es) of the job still running after it exited: sending them "
-                  "SIGTERM", file=sys.stderr)
+        if not alive:
+            return
+        print(f"commscope: {len(alive)} process(es) of the job still running after it exited: sending them "
+              "SIGTERM", file=sys.stderr)
         for p in alive:
             try:
                 p.terminate()
             except psutil.Error:
                 pass
+        with contextlib.suppress(psutil.Error):
+            psutil.wait_procs(alive, timeout=STOP_GRACE_S)
 
 
 def _jobs(store: str) -> set[str] | None:
