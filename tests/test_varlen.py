@@ -468,7 +468,8 @@ def test_errors_raise_same_value_error_on_every_rank(worker):
 
 
 def test_error_messages_name_offending_ranks():
-    per_rank = _run(_w_errors, ["trailing", "dtype", "zero_d", "subgroup_dtype"])
+    per_rank = _run(_w_errors, ["trailing", "dtype", "zero_d", "subgroup_dtype", "root_not_member"])
+    assert "src/dst is a global rank: the group's are 0, 1, 2, 3" in per_rank[0]["root_not_member"][1]  # (helper-169)
     msg = per_rank[0]["trailing"][1]
     assert "offending ranks [2]" in msg and "(3,) on ranks [0, 1, 3]" in msg
     assert "offending ranks [1]" in per_rank[0]["dtype"][1]
@@ -504,6 +505,38 @@ def _w_outstanding_irecvs(rank, ws, eager):
 @pytest.mark.parametrize("eager", [True, False], ids=["gloo_protocol", "nccl_protocol"])
 def test_outstanding_irecv_tensors_match_messages_in_posting_order(eager):
     assert _run(_w_outstanding_irecvs, eager, world_size=2) == [[], []]
+
+
+def _w_nccl_then_gloo_exchange(rank, ws):
+    """A receive by NCCL's header protocol, then the Gloo protocol's eager exchanges, both
+    ways, in one process (an NCCL world beside a Gloo side group)."""
+    real = _p2p._eager
+    _p2p._eager = lambda g: False
+    small = [torch.arange(6, dtype=torch.float32)]
+    if rank == 0:
+        V.send_tensors(small, 1)
+    else:
+        got = V.recv_tensors(0)
+        assert same_list(got, small)
+    _p2p._eager = real
+    big = [torch.arange(25_000, dtype=torch.float32) + rank]  # (100 KB: eager, past the 512-byte header block)
+    fails = []
+    for sender in (0, 1):
+        if rank == sender:
+            V.send_tensors(big, 1 - rank)
+        else:
+            got = V.recv_tensors(sender)
+            if not same_list(got, [torch.arange(25_000, dtype=torch.float32) + sender]):
+                fails.append(f"from {sender}")
+    fails += [f"a pooled buffer of {b.numel()} bytes" for b in _p2p.POOL._free if b.numel() != _p2p.EAGER_CAP]
+    return fails
+
+
+def test_a_receive_by_nccl_s_protocol_leaves_the_gloo_staging_pool_alone():
+    """(helper-169) The NCCL protocol's receive gave its 512-byte header block (on the GPU, on
+    NCCL) to the Gloo protocol's staging pool: the next eager send copied 100 KB into it (a
+    segfault), the next eager receive made Gloo abort the process."""
+    assert _run(_w_nccl_then_gloo_exchange, world_size=2) == [[], []]
 
 
 def _w_conj_neg(rank, ws):

@@ -609,8 +609,11 @@ def _status_message(g: Group, op: str, records: list[list[int]]) -> str | None:
             bad.setdefault(rec[F_STATUS], []).append(r)
     if not bad:
         return None
+    members = ", ".join(map(str, g.ranks[:16])) + (", ..." if len(g.ranks) > 16 else "")
     parts = [f"ranks {g.fmt_ranks(rs)} passed "
              + STATUS_TEXT.get(code, f"status {code}").format(maxd=MAX_NDIM)
+             # (a group's index given for a global rank is the usual slip, and said nowhere: helper-169)
+             + (f" (src/dst is a global rank: the group's are {members})" if code == BAD_ROOT else "")
              for code, rs in sorted(bad.items())]
     return f"{op}: " + "; ".join(parts)
 

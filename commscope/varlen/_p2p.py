@@ -92,7 +92,10 @@ class _Pool:
         return torch.empty(EAGER_CAP, dtype=torch.uint8)
 
     def give(self, buf: torch.Tensor | None) -> None:
-        if buf is None:
+        """Keep ``buf`` for a later ``take``: one of this pool's, never another buffer (an
+        NCCL receive's 512-byte header block, on its GPU, given back here made the next Gloo
+        send copy past its end, a segfault, and the next receive abort: helper-169)."""
+        if buf is None or buf.device.type != "cpu" or buf.dtype != torch.uint8 or buf.numel() != EAGER_CAP:
             return
         with self._lock:
             if len(self._free) < self._keep:
@@ -449,7 +452,8 @@ class RecvWork:
         else:
             dev = self._g.data_device(meta.CODE_DEVICES.get(dev_code, "cpu"))
             base, start = torch.empty(total, dtype=torch.uint8, device=dev), 0
-            POOL.give(self._first)
+            if self._eager:  # (the pool's; a header block of NCCL's protocol is not)
+                POOL.give(self._first)
         buf = base[start:start + total]
         self._first = None
         self._result = _views(base, start, specs, offsets)
