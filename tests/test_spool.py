@@ -335,6 +335,35 @@ def test_a_reader_that_may_not_forward_reads_no_spool_of_another_run_under_the_j
         spool._remove(later)
 
 
+@pytest.mark.parametrize("stream_run", ["rA", "r1"])
+def test_a_spool_is_judged_by_its_own_stream_s_run_once_the_job_restarted(tmp_path, monkeypatch, stream_run):
+    """(helper-168) The job's metadata says its newest incarnation (Redis's rank 0 writes it
+    at each: run r9, incarnation 1); a dead spool of incarnation 0 and run r1 (a run the store
+    refused under this id) was read into the job though rank 1's incarnation-0 stream says
+    run rA.  It is read only where its stream's run is its own."""
+    import orjson
+
+    from commscope.store import directory
+
+    store = str(tmp_path / "trace")
+    open_writer(store, "tomb", 0, {"world_size": 2, "run": "r9", "inc": 1}).close()
+    w = open_writer(store, "tomb", 1, {"world_size": 2, "run": stream_run, "inc": 0})
+    w.write([orjson.dumps({"type": "meta", "ts": 1_780_000_000_000_000_000, "v": 3, "rank": 1, "world_size": 2,
+                           "host": "h", "sample_interval": 1.0, "run": stream_run, "inc": 0})])
+    w.close()
+    path, _pid = killed_spool(store)  # (rank 1, incarnation 0, run r1)
+
+    def refused(*args, **kwargs):
+        raise PermissionError("a store this reader may only read")
+
+    monkeypatch.setattr(directory, "DirectoryWriter", refused)
+    try:
+        exits = [e for e in open_reader(f"{store}/tomb").read_all() if e["type"] == "exit"]
+        assert [(e["rank"], e["src"]) for e in exits] == ([(1, "spool")] if stream_run == "r1" else [])
+    finally:
+        spool._remove(path)
+
+
 def test_a_launcher_says_only_its_own_ranks_spools_were_left(tmp_path):
     """(helper-167) Two launches on one store: the spools left by the other launch's ranks are
     not this one's to say "not in the trace" of."""

@@ -696,6 +696,11 @@ class TraceReader(abc.ABC):
         """Job metadata once known (job id, world size, ...), else None."""
         return None
 
+    def first_event(self, stream: Stream) -> dict | None:
+        """A stream's first event (its meta, which names its run), read apart from the
+        stream's reading; None where the store has no such stream or cannot say."""
+        return None
+
     def job_name(self) -> str | None:
         """The id of the job being read, once known (a store may know it before it can read
         the job's metadata); None when it cannot say."""
@@ -983,10 +988,18 @@ class TraceReader(abc.ABC):
         if self._remnants_said is None:
             self._remnants_said = set()
         said = self._remnants_said
-        meta = self.job() or {}  # (another run's spools of its incarnation under this job id are not its)
-        run, at = meta.get("run"), meta.get("inc", 0)
-        ran = (run, at) if isinstance(run, str) and run != "?" and isinstance(at, int) else None
-        for rank, inc, lines in spool.remnant_events(job, store, ran):
+        meta = self.job() or {}  # (another run's spools under this job id are not its)
+
+        def run_of(rank: int, inc: int) -> str | None:
+            """The run the store holds of this stream: its meta's, else, for the incarnation
+            the job's metadata describes, the job's (rank 0 draws a run at each incarnation)."""
+            first = self.first_event((rank, inc)) or {}
+            said = first.get("run") if first.get("type") == "meta" else None
+            if said is None and meta.get("inc", 0) == inc:
+                said = meta.get("run")
+            return said if isinstance(said, str) and said != "?" else None
+
+        for rank, inc, lines in spool.remnant_events(job, store, run_of):
             if self.owns(rank):
                 # (read again at each look: records are kept once by the stream's decoder, the
                 # other lines, its exit among them, by what was handed on already)

@@ -773,6 +773,19 @@ class DirectoryReader(TraceReader):
     def job_name(self) -> str | None:
         return self.job_dir.name if self.job_dir is not None else None
 
+    def first_event(self, stream: Stream) -> dict | None:
+        """(``TraceReader.first_event``) The first line of the stream's oldest segment (every
+        segment starts with the meta)."""
+        segs = self.streams().get(stream)
+        if not segs:
+            return None
+        try:
+            with open(segs[0].path, "rb") as f:
+                ev = orjson.loads(f.readline(MAX_JOB_FILE))
+        except (OSError, orjson.JSONDecodeError):
+            return None
+        return ev if isinstance(ev, dict) else None
+
     def take_shard(self, shard: Shard) -> None:
         super().take_shard(shard)
         self._listed, self._segment_names, self._streams = None, frozenset(), {}  # (listed again, as a part)

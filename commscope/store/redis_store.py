@@ -943,6 +943,21 @@ class RedisReader(TraceReader):
     def job_name(self) -> str | None:
         return self.job_id
 
+    def first_event(self, stream: Stream) -> dict | None:
+        """(``TraceReader.first_event``) The stream's first entry, where it still holds it."""
+        if self.job_id is None:
+            return None
+        key = self.keys.stream(self.job_id, *stream)
+        try:
+            entries = self._nodes_ok().run(key, pack("XRANGE", key, "-", "+", "COUNT", 1), Connection.read_entries)
+            ev = orjson.loads(entries[0][1]) if entries else None
+        except OSError:
+            self._lost()
+            return None
+        except (ReplyError, StoreError, orjson.JSONDecodeError, IndexError, TypeError):
+            return None
+        return ev if isinstance(ev, dict) else None
+
     def ranks(self) -> list[Stream]:
         """The job's streams: (rank, incarnation), in order."""
         if self.job_id is None:

@@ -880,24 +880,25 @@ def _remove(path: Path) -> None:
             os.unlink(p)
 
 
-def remnant_events(job: str, store: str, run: tuple[str, int] | None = None) -> list[tuple[int, int, list[bytes]]]:
+def remnant_events(job: str, store: str, run_of: Callable[[int, int], str | None] | None = None
+                   ) -> list[tuple[int, int, list[bytes]]]:
     """(rank, incarnation, encoded events) of every dead spool of this job and store, read
-    without forwarding (a reader that may not write to the store).  ``run``: the run the
-    store's metadata says this job id's incarnation ran, (run, incarnation): a spool of
-    that incarnation and another run (the same job id given to two runs at once, the
-    second refused by the store) is not this job's, as forwarding would not mix it in
-    (``_same_run``); helper-166 found its failures read as the first run's.  Rank 0 draws
-    a run at each incarnation, so a spool of another incarnation is read (helper-167), as
-    is one whose rank never learnt its run ("?")."""
+    without forwarding (a reader that may not write to the store).  ``run_of(rank,
+    incarnation)``: the run the store holds of that stream (None: it cannot say): a spool of
+    another run (the same job id given to two runs at once, the second refused by the store)
+    is not this job's, as forwarding would not mix it in (``_same_run``); helper-166 found
+    its failures read as the first run's.  A spool whose rank never learnt its run ("?") is
+    read."""
     out = []
     for path in dead_spools(job, store):
         img = read(path)
         if img is None or img.flags & (CLOSED | FORWARDED):
             continue
         theirs = img.identity.get("run")
-        if run is not None and img.incarnation == run[1] and isinstance(theirs, str) and theirs not in ("?", run[0]):
-            continue
         rank = img.rank if img.rank >= 0 else img.identity.get("rank")
+        if run_of is not None and isinstance(theirs, str) and theirs != "?" and isinstance(rank, int) \
+                and run_of(rank, img.incarnation) not in (None, theirs):
+            continue
         if isinstance(rank, int) and rank >= 0:
             lines = remnant_lines(img, rank, with_meta=False)
             if not _says_its_end(img, lines):
