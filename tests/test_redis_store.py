@@ -142,6 +142,16 @@ def test_key_layout_and_job_registry(redis_url):
     c.close()
 
 
+def test_a_reader_says_a_stream_s_first_event(redis_url):
+    """``TraceReader.first_event``: what a dead spool's run is judged against (helper-168)."""
+    w = open_writer(redis_url, "firsts", 1, {"world_size": 2})
+    w.write(lines(1, 1, 3))
+    reader = open_reader(redis_url + "?job=firsts")
+    assert reader.first_event((1, 0)) == E.decode(lines(1, 1, 2)[0])
+    assert reader.first_event((0, 0)) is None and reader.first_event((1, 5)) is None
+    reader.close()
+
+
 def test_writer_takes_the_job_from_the_url(redis_url):
     w = open_writer(redis_url + "?job=fixed", "ignored", 0)
     w.write(lines(0, 1, 2))
