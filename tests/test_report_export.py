@@ -257,7 +257,8 @@ def test_the_report_says_what_it_leaves_out_of_incomplete_collectives():
     assert row.split()[1] == "4", row  # (the fifth instance, incomplete, not counted)
     said = " ".join(text.split())
     assert ("1 collective instance(s) not complete on every member (a rank that died or hung in it, or one whose "
-            "part retention deleted) are left out of the per-op and per-group tables, counts and bytes included.") in said
+            "part retention deleted) are left out of the per-op and per-group tables, counts and bytes included (their "
+            "failed ops are counted).") in said
 
 
 def test_report_long_names_run_past_the_width_uncut():

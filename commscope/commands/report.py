@@ -280,7 +280,7 @@ def render(rep: dict[str, Any], description: str, world_size: int, warnings: lis
     if rep["incomplete_collectives"]:
         notes.append(f"{rep['incomplete_collectives']:,} collective instance(s) not complete on every member (a "
                      "rank that died or hung in it, or one whose part retention deleted) are left out of the per-op "
-                     "and per-group tables, counts and bytes included.")
+                     "and per-group tables, counts and bytes included (their failed ops are counted).")
     if hidden:
         order = [c.header for c in _STAT_COLS + _RANK_COLS]
         notes.append(f"Left out to fit {width} columns: " + ", ".join(sorted(hidden, key=order.index))
