@@ -296,6 +296,46 @@ def test_ctrl_c_ends_the_ranks_a_launcher_left_running_when_it_exited(tmp_path):
     assert ex.get("signal") == "Terminated", ex
 
 
+def test_run_collects_the_orphans_it_adopts_and_ends_them_with_the_command(tmp_path):
+    """(helper-170) run adopts the command's orphans: those that exited stayed its zombies
+    while the command ran (a pid that looked alive), and one still running when the grace
+    period ended the command (which ignores SIGINT) was left running after run exited."""
+    import os
+    import signal
+    import time
+
+    import psutil
+
+    pids = tmp_path / "pids"
+    kept = tmp_path / "kept.pid"
+    script = (f'for i in 1 2 3; do sh -c "sleep 0.2 & echo \\$! >> {pids}"; done; '
+              f'trap "" INT; (sleep 300 & echo $! > {kept}); exec sleep 300')
+    proc = subprocess.Popen([sys.executable, "-m", "commscope", "run", "--store", str(tmp_path / "trace"), "--",
+                             "bash", "-c", script], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    left = None
+    try:
+        deadline = time.monotonic() + 120  # a guard against a broken build, not a timing assertion
+        while not (pids.exists() and len(pids.read_text().split()) == 3 and kept.exists() and kept.read_text()):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.1)
+        gone = [int(p) for p in pids.read_text().split()]
+        while any(psutil.pid_exists(p) for p in gone):  # (exited at once: collected, not zombies)
+            assert proc.poll() is None and time.monotonic() < deadline, [psutil.Process(p).status() for p in gone
+                                                                         if psutil.pid_exists(p)]
+            time.sleep(0.1)
+        left = psutil.Process(int(kept.read_text()))
+        proc.send_signal(signal.SIGINT)  # (the command ignores it: ended at the grace period's end)
+        _, err = proc.communicate(timeout=120)
+        assert "sending them SIGTERM" in err, err
+        left.wait(timeout=120)  # (not its child: it ends, or this raises)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        if left is not None and left.is_running():
+            left.kill()
+
+
 # A rank that prints its store and raises with the Redis password in the message (a
 # connection string echoed into an error): the password must be in neither.
 PASSWORD_RANK = textwrap.dedent("""

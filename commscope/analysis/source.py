@@ -147,7 +147,7 @@ def load_trace(store: str | os.PathLike | None, progress: Callable[[Loading], No
                         f"({Since(at_ns=model.end_ns).describe()[6:]}): no event of the trace is in it; what is "
                         "shown is what the ranks were in as the streams' keyframes and marks said")
     elif (start is not None and start > (first := model.own_bounds()[0]) and not stats.skipped_bytes
-          and not stats.skipped_events and not stats.summarized):
+          and not stats.skipped_events and not stats.summarized and not stats.gone_before_window):
         # (a copy: one file a rank, no segment or keyframe to start a window at; read whole unsaid: helper-166)
         warnings.append(f"the window ({since.describe()}) skipped nothing: each stream was read from its start (no "
                         f"keyframe, mark or segment of it starts later), {(start - first) / 1e9:,.1f} s before the "

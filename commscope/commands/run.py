@@ -287,8 +287,10 @@ class _Stop:
         import psutil
 
         self.terminated = True
-        # (looked up before any is signalled; not once the command is reaped: its pid may be another's)
-        family = self._family() if self.proc.returncode is None else self._adopted()
+        # (looked up before any is signalled; not once the command is reaped: its pid may be another's;
+        # and what this process adopted, the command's orphans, beside it: helper-170)
+        adopted = self._adopted()
+        family = [*self._family(), *adopted] if self.proc.returncode is None else adopted
         for p in [*(p for p in self.family if p not in family), *family]:
             try:
                 p.terminate()
@@ -300,6 +302,7 @@ class _Stop:
             try:
                 code = self.proc.wait(timeout=0.2)
             except subprocess.TimeoutExpired:
+                self._reap()
                 if self.asked is not None and not self.terminated and time.monotonic() - self.asked >= STOP_GRACE_S:
                     print("commscope: ranks still running: sending them SIGTERM", file=sys.stderr)
                     self.terminate()
@@ -307,6 +310,20 @@ class _Stop:
             if self.asked is not None and not self.terminated:
                 self._orphans()
             return code
+
+    def _reap(self) -> None:
+        """Collect the adopted orphans that exited (each a zombie of this process until then:
+        a job's whole life of them, and a daemon's pid that looked alive: helper-170), never
+        the command, which ``Popen.wait`` collects."""
+        while True:
+            try:
+                got = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except (ChildProcessError, OSError):
+                return
+            if got is None or got.si_pid == self.proc.pid:
+                return
+            with contextlib.suppress(ChildProcessError, OSError):
+                os.waitpid(got.si_pid, 0)
 
     def _adopted(self) -> list:
         """This process's children but the command: what ran below the command and lost its
