@@ -285,7 +285,11 @@ def test_ctrl_c_ends_the_ranks_a_launcher_left_running_when_it_exited(tmp_path):
         rank = psutil.Process(int(pidfile.read_text()))
         os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C
         _, err = proc.communicate(timeout=120)
-        assert "1 process(es) of the job still running after it exited: sending them SIGTERM" in err, err
+        # (the shell exits on it, mostly, and its rank is run's adopted orphan, ended after the
+        # grace period; or, as CI saw once, the shell outlives the grace period and the rank is
+        # ended with it: either way ended, and said)
+        assert ("1 process(es) of the job still running after it exited: sending them SIGTERM" in err
+                or "ranks still running: sending them SIGTERM" in err), err
         assert not rank.is_running()  # (ended and waited for before run exited)
     finally:
         if proc.poll() is None:
