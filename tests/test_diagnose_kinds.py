@@ -737,11 +737,8 @@ def test_a_rank_that_died_waiting_is_not_counted_among_the_waiting():
     assert found == [("missing_ranks", [3], [1, 2]), ("dead_rank", [0], [])]
 
 
-def test_thousands_of_absent_members_are_said_together_in_one_line():
-    """Ranks doing the same instead of a collective are said once, at most 8 sayings and then
-    how many ranks more: a sentence a rank made a group of 5,000 absent members 8,000 lines
-    of ``check`` (the evidence still has each rank's)."""
-    n = 5000
+def _absent_members(n: int):
+    """The missing_ranks finding of a group of ``n`` in which ranks 0 and 1 alone entered."""
     b = TraceBuilder(2)
     b.group("big", list(range(n)))
     t = b.warmup()
@@ -749,7 +746,15 @@ def test_thousands_of_absent_members_are_said_together_in_one_line():
     b.sync(1, t, None, "all_reduce", "big")
     b.heartbeats(t, t + 5 * S)
     _, f = run(b)
-    x = next(x for x in f if x.kind == "missing_ranks")
+    return next(x for x in f if x.kind == "missing_ranks")
+
+
+def test_thousands_of_absent_members_are_said_together_in_one_line():
+    """Ranks doing the same instead of a collective are said once, at most 8 sayings and then
+    how many ranks more: a sentence a rank made a group of 5,000 absent members 8,000 lines
+    of ``check`` (the evidence still has each rank's)."""
+    n = 5000
+    x = _absent_members(n)
     assert x.message.endswith("4,998 ranks (2-4999) never entered: 4,998 ranks (2-4999) have no events recorded"), \
         x.message[-300:]
     assert len(x.evidence["missing_activity"]) == n - 2
@@ -802,15 +807,7 @@ def test_a_finding_of_thousands_of_ranks_says_the_ranks_alike_once():
     waiting = next(ln for ln in _drawn(x) if ln.startswith("waiting"))
     assert waiting.split("  ", 1)[1].strip() == "511 ranks, 4.0-6.0 s (median 6.0 s); least (came last): rank 7 4.0 s"
 
-    b = TraceBuilder(2)  # 5,000 absent members
-    b.group("big", list(range(5000)))
-    t = b.warmup()
-    b.sync(0, t, None, "all_reduce", "big")
-    b.sync(1, t, None, "all_reduce", "big")
-    b.heartbeats(t, t + 5 * S)
-    _, f = run(b)
-    x = next(x for x in f if x.kind == "missing_ranks")
-    drawn = _drawn(x)
+    drawn = _drawn(_absent_members(5000))
     assert len(drawn) < 20 and "4,998 ranks (2-4999)  no events recorded" in drawn, drawn
 
 

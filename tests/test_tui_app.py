@@ -617,22 +617,27 @@ def test_an_op_of_thousands_of_ranks_lists_the_last_to_arrive_and_summarizes_the
     assert len([ln for ln in lines if ln.split()[:1] and ln.split()[0].isdigit() and "ranks" not in ln]) == SAME_OP_ROWS
 
 
+def _missing_from_512(missing: tuple[int, ...]) -> CommscopeApp:
+    """An app over 512 ranks, 8 a host, that wait in all_reduce #4 but ``missing``."""
+    b = TraceBuilder(512, hang_after=2.0, ranks_per_host=8)
+    t = b.t0 + 100 * MS
+    for _ in range(3):
+        t = b.collective(t, "all_reduce", latency=20 * MS, shape=(4096,)) + 10 * MS
+    for r in range(512):
+        if r not in missing:
+            b.sync(r, t + (r % 7) * MS, None, "all_reduce", shape=(4096,))
+    now = t + 6 * S
+    b.heartbeats(b.t0, now, interval=S)
+    return make_app(b.sorted_events(), now)
+
+
 def test_at_80x24_the_findings_ranks_stay_on_screen_and_nothing_scrolls_the_screen():
     """Two ranks of different hosts missing from a 512-rank all_reduce: the culprits and their
     hosts' ranks are 17 rows, more than 80x24 shows.  On open the app selects the finding's
     op, in the waiting ranks' row at the bottom, and the timeline scrolled the culprits off;
     the screen itself was 26 rows at 24 (it scrolled, the error count cut from the header):
     helper-165.  The findings' rows stay, the rest scrolls under them."""
-    b = TraceBuilder(512, hang_after=2.0, ranks_per_host=8)
-    t = b.t0 + 100 * MS
-    for _ in range(3):
-        t = b.collective(t, "all_reduce", latency=20 * MS, shape=(4096,)) + 10 * MS
-    for r in range(512):
-        if r not in (100, 300):
-            b.sync(r, t + (r % 7) * MS, None, "all_reduce", shape=(4096,))
-    now = t + 6 * S
-    b.heartbeats(b.t0, now, interval=S)
-    app = make_app(b.sorted_events(), now)
+    app = _missing_from_512((100, 300))
 
     async def check(pilot):
         tl = app.timeline
@@ -1443,17 +1448,7 @@ def test_by_host_4096_ranks_are_three_lines_the_culprit_its_host_and_the_hosts_a
 def test_page_down_shows_every_row_under_the_frozen_ones():
     """(helper-168) Eight culprits on eight hosts: 65 rows, 8 frozen.  A page scrolled the
     widget's whole height, and the rows the frozen ones covered were never on screen."""
-    missing = [10, 70, 130, 190, 250, 310, 370, 430]
-    b = TraceBuilder(512, hang_after=2.0, ranks_per_host=8)
-    t = b.t0 + 100 * MS
-    for _ in range(3):
-        t = b.collective(t, "all_reduce", latency=20 * MS, shape=(4096,)) + 10 * MS
-    for r in range(512):
-        if r not in missing:
-            b.sync(r, t + (r % 7) * MS, None, "all_reduce", shape=(4096,))
-    now = t + 6 * S
-    b.heartbeats(b.t0, now, interval=S)
-    app = make_app(b.sorted_events(), now)
+    app = _missing_from_512((10, 70, 130, 190, 250, 310, 370, 430))
 
     async def check(pilot):
         tl = app.timeline

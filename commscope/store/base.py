@@ -994,10 +994,10 @@ class TraceReader(abc.ABC):
             """The run the store holds of this stream: its meta's, else, for the incarnation
             the job's metadata describes, the job's (rank 0 draws a run at each incarnation)."""
             first = self.first_event((rank, inc)) or {}
-            said = first.get("run") if first.get("type") == "meta" else None
-            if said is None and meta.get("inc", 0) == inc:
-                said = meta.get("run")
-            return said if isinstance(said, str) and said != "?" else None
+            stated = first.get("run") if first.get("type") == "meta" else None
+            if stated is None and meta.get("inc", 0) == inc:
+                stated = meta.get("run")
+            return stated if isinstance(stated, str) and stated != "?" else None
 
         for rank, inc, lines in spool.remnant_events(job, store, run_of):
             if self.owns(rank):
