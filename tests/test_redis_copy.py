@@ -115,3 +115,37 @@ def test_a_copy_of_a_trimmed_trace_still_says_what_is_missing(redis_url, tmp_pat
     rc = cli.main(["check", target, "--json"])
     out = json.loads(capsys.readouterr().out)
     assert rc == 1 and any(f["kind"] == "trace_incomplete" for f in out["findings"]), out
+
+
+@pytest.mark.parametrize("to", ["directory", "redis"])
+def test_a_copy_of_a_retained_trace_counts_what_retention_summarized(redis_url, tmp_path, capsys, to):
+    """The copy holds the summaries of the segments retention deleted among its events: check
+    on the copy says what check on the source says, the summarized count and the culprit
+    (it read 0 summarized: helper-166)."""
+    import json
+    from pathlib import Path
+
+    from commscope.bench.synthstore import JobShape, write_store
+    from commscope.store import retention
+
+    store = str(tmp_path / "trace")
+    shape = JobShape(4, 1500, fault="missing", hang_after=2.0, segment_bytes=32 << 10)
+    write_store(store, shape)
+    limit = retention.Retention(max_bytes=4 * (32 << 10), max_age_s=None)
+    assert all(retention.close_stream(Path(store) / "synthetic", r, 0, limit) > 0 for r in range(4))
+    assert cli.main(["check", store, "--json"]) == 1
+    source = json.loads(capsys.readouterr().out)
+    assert source["skipped"]["summarized"] > 0
+    base, db = redis_url.rsplit("/", 1)
+    dst = str(tmp_path / "copy") if to == "directory" else f"{base}/{int(db) % 63 + 1}"  # (another database)
+    if to == "redis":
+        redis_client(dst).flushdb()
+    assert cli.main(["copy", store, dst, "--job", "kept", "-q"]) == 0
+    capsys.readouterr()
+    target = str(tmp_path / "copy" / "kept") if to == "directory" else dst + "?job=kept"
+    assert cli.main(["check", target, "--json"]) == 1
+    copied = json.loads(capsys.readouterr().out)
+    assert copied["skipped"]["summarized"] == source["skipped"]["summarized"]
+    assert [(f["kind"], f["culprits"]) for f in copied["findings"]] == [
+        (f["kind"], f["culprits"]) for f in source["findings"]] == [("missing_ranks", [shape.culprit_rank])]
+    assert any(w.startswith("retention summarized") for w in copied["warnings"]), copied["warnings"]

@@ -888,15 +888,16 @@ class TraceReader(abc.ABC):
             self._spans = _spans_of(list(getattr(self, "_ops", [])))
         return out
 
-    def ingest(self, stream: Stream, raw: bytes | Sequence[bytes], size: int = 0, scanned: Scan | None = None
-               ) -> Decoded:
+    def ingest(self, stream: Stream, raw: bytes | Sequence[bytes], size: int = 0, scanned: Scan | None = None,
+               summaries: bool = True) -> Decoded:
         """Events of ``raw``, data of one stream: complete lines (bytes), or entries that
         each hold one event (a sequence).  Validated and redacted, blocks expanded; damaged,
         invalid and (``counts_lost_markers``) lost events counted in ``stats``, and ``size``
         stored bytes added to ``stats.bytes``.  Blocks are decoded with the tables the
         stream's earlier data defined, so call it in stream order.  A ``columnar`` reader
         keeps the op records of blocks in columns (``poll_batch`` hands them over): they are
-        not among the events returned.  ``scanned``: ``raw``'s scan, where ``decode_chunks`` made it."""
+        not among the events returned.  ``scanned``: ``raw``'s scan, where ``decode_chunks`` made it.
+        ``summaries``: count the ``summary`` events among them (``_account``)."""
         rank = stream[0]
         if self.columnar and isinstance(raw, bytes):
             got = self._decode_columns(stream, raw, scanned)
@@ -908,7 +909,7 @@ class TraceReader(abc.ABC):
             top = max(top, int(got.ops.id.max()))
         if top >= 0:
             self._raise_max_id(stream, top)
-        self._account(stream, got, size, lost_markers=isinstance(raw, bytes))
+        self._account(stream, got, size, lost_markers=isinstance(raw, bytes), summaries=summaries)
         return got
 
     def _decode_columns(self, stream: Stream, raw: bytes, scanned: Scan | None) -> Decoded:
@@ -916,18 +917,28 @@ class TraceReader(abc.ABC):
         may put JSON op events in columns too: ``DirectoryReader``)."""
         return decode_alone(raw, self._decoder(stream), scanned)
 
-    def _account(self, stream: Stream, got: Decoded, size: int, lost_markers: bool = True) -> None:
+    def _account(self, stream: Stream, got: Decoded, size: int, lost_markers: bool = True,
+                 summaries: bool = True) -> None:
         """What ``ingest`` keeps of a decoded chunk but the highest op id: its op records,
         and in ``stats`` what it held, skipped and (``counts_lost_markers``) says was lost
         (records left in a poll's columns, ``blocks.Joined``, are not its: its caller
-        counts them)."""
+        counts them).  ``summaries``: a ``summary`` among the stream's own events (a copy
+        of a trace that retention kept, ``commscope copy``) stands for what the source's
+        did, counted as its reader counted it; a summary file's, read apart, is decided
+        by its reader (``DirectoryReader._read_summaries``)."""
         if got.ops is not None:
             self._keep_ops(got.ops)
         rank = stream[0]
         stats = self.stats
         stats.count_decoded(rank, got)
         # (fewer than the bytes by far: a block stands for many records)
-        dropped = [e for e in got.events if e["type"] == "dropped"]
+        dropped = []
+        for e in got.events:
+            kind = e["type"]
+            if kind == "dropped":
+                dropped.append(e)
+            elif kind == "summary" and summaries:
+                stats.count_summary(rank, e)
         if dropped:
             if self.counts_lost_markers and lost_markers:
                 self._count_store_lost(stream, dropped)

@@ -1103,14 +1103,15 @@ class DirectoryReader(TraceReader):
                                            "before: none lost)")
             self._lines_read[stream] = entries
 
-    def _account(self, stream: Stream, got: Decoded, size: int, lost_markers: bool = True) -> None:
+    def _account(self, stream: Stream, got: Decoded, size: int, lost_markers: bool = True,
+                 summaries: bool = True) -> None:
         """``TraceReader._account``, and the gaps the stream's decoder found in its ring
         positions counted as lines lost (``ReadStats.count_lost_lines``), but one a line
         counted otherwise stands for: a damaged or invalid line, or a ``dropped`` event (the
         recorder's drops, a writer's ``store_lost`` marker), among these lines or the last
         chunk's (a block's line, damaged, leaves a gap after it).  Their order within a chunk
         is not known here: a gap and such a line of another kind in one chunk count once."""
-        super()._account(stream, got, size, lost_markers)
+        super()._account(stream, got, size, lost_markers, summaries)
         decoder = self._block_decoders.get(stream) if hasattr(self, "_block_decoders") else None
         if decoder is None:
             return
@@ -1302,7 +1303,7 @@ class DirectoryReader(TraceReader):
             if not cut:
                 continue
             self._summary_offsets[stream] = offset + cut
-            for e in self.ingest(stream, data[:cut], cut).events:
+            for e in self.ingest(stream, data[:cut], cut, summaries=False).events:
                 if e["type"] == "summary" and isinstance(e.get("seg"), int):
                     self._pending.setdefault((stream, e["seg"]), e)
         restarted: dict[int, list[Stream]] | None = None  # ranks with several incarnations listed (once a call)
