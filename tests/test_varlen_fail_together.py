@@ -7,6 +7,7 @@ import time
 
 import pytest
 import torch
+import torch.distributed as dist
 
 from commscope import varlen
 from commscope.launch import run_ranks
@@ -158,14 +159,21 @@ NOT_WHOLE = ["all_gather_v", "gather_v", "all_to_all_v", "reduce_scatter_v", "sc
              "split_sizes"]
 #: Dtypes Gloo cannot reduce (helper-106: "Invalid scalar type", naming neither op nor dtype)
 NOT_REDUCED = ["int16", "uint16", "uint64", "float8_e4m3fn"]
+#: A bitwise reduce op on floats: Gloo raised its own RuntimeError (helper-169), on whichever rank
+BITWISE_ON_FLOATS = {"BAND float32": (dist.ReduceOp.BAND, torch.float32, False),
+                     "BXOR bfloat16 uneven": (dist.ReduceOp.BXOR, torch.bfloat16, True)}
 
 
 def every_not_whole(rank: int, ws: int) -> dict:
     out = {}
-    for name in NOT_WHOLE + NOT_REDUCED:
+    for name in NOT_WHOLE + NOT_REDUCED + list(BITWISE_ON_FLOATS):
         try:
             if name in NOT_REDUCED:
                 varlen.reduce_scatter_v(torch.ones(ws, 2).to(getattr(torch, name)), [1] * ws)
+            elif name in BITWISE_ON_FLOATS:
+                op, dtype, uneven = BITWISE_ON_FLOATS[name]
+                splits = [2] + [0] * (ws - 1) if uneven else [1] * ws
+                varlen.reduce_scatter_v(torch.ones(sum(splits), 2, dtype=dtype), splits, op)
             else:
                 _not_whole(name, rank, ws)
             out[name] = None
@@ -174,13 +182,15 @@ def every_not_whole(rank: int, ws: int) -> dict:
     return out
 
 
-def test_a_dim_root_or_size_that_is_not_an_integer_or_a_dtype_gloo_cannot_reduce_fails_together():
+def test_a_dim_root_or_size_that_is_not_an_integer_or_a_dtype_or_op_gloo_cannot_reduce_fails_together():
     results = [r.value for r in run_ranks(every_not_whole, 3, timeout=180)]
-    for name in NOT_WHOLE + NOT_REDUCED:
+    for name in NOT_WHOLE + NOT_REDUCED + list(BITWISE_ON_FLOATS):
         errors = [res[name] for res in results]
         assert all(errors) and len(set(errors)) == 1, (name, errors)
     for name in NOT_REDUCED:
         assert results[0][name].startswith(f"reduce_scatter_v: gloo cannot reduce torch.{name} tensors"), name
+    assert results[0]["BAND float32"] == ("reduce_scatter_v: ReduceOp.BAND needs an integer or bool dtype, "
+                                          "got torch.float32")
 
 
 def check_on_one_side(rank: int, ws: int) -> dict:

@@ -625,6 +625,10 @@ GLOO_REDUCES = frozenset({torch.bool, torch.uint8, torch.int8, torch.int32, torc
 _SCALED_FIRST = frozenset({torch.float16, torch.bfloat16, torch.complex32})
 
 
+#: The bitwise reduce ops: integer and bool dtypes only, and none on NCCL
+_BITWISE = frozenset(int(getattr(dist.ReduceOp, n)) for n in ("BAND", "BOR", "BXOR") if hasattr(dist.ReduceOp, n))
+
+
 def _identity(t: torch.Tensor) -> torch.Tensor:
     return t
 
@@ -636,6 +640,12 @@ def _reduce_op(name: str, op, dtype: torch.dtype, backend: str, size: int):
     alike on every rank (the dtypes agree), so all raise together."""
     if dtype.is_complex and not dist.supports_complex(op):
         raise ValueError(f"{name}: reduce op {_op_name(meta.reduce_op_code(op))} does not support complex tensors")
+    if meta.reduce_op_code(op) in _BITWISE:
+        if backend == "nccl":  # (ProcessGroupNCCL: "Cannot use ReduceOp.BAND with NCCL")
+            raise ValueError(f"{name}: nccl has no ReduceOp.{_op_name(meta.reduce_op_code(op))}")
+        if dtype.is_floating_point:  # (Gloo: "Cannot use ReduceOp.BAND with non-integral dtype", on one rank)
+            raise ValueError(f"{name}: ReduceOp.{_op_name(meta.reduce_op_code(op))} needs an integer or bool "
+                             f"dtype, got {dtype}")
     if backend == "gloo" and dtype not in GLOO_REDUCES:
         raise ValueError(f"{name}: gloo cannot reduce {dtype} tensors (it reduces "
                          + ", ".join(sorted(str(d).removeprefix("torch.") for d in GLOO_REDUCES)) + ")")
