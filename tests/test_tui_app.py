@@ -190,6 +190,37 @@ def test_choosing_a_finding_shows_its_evidence_and_moves_the_timeline():
     drive(app, check)
 
 
+def test_the_timeline_and_rank_table_keys_work_whichever_pane_has_the_focus():
+    """After ``e`` the findings pane has the focus: ``c``, ``x`` and ``s`` did nothing there
+    (they were the timeline's and the rank table's own keys), where the help lists them as
+    the console's."""
+    events, now = hung_missing_rank()
+    app = make_app(events, now)
+
+    async def check(pilot):
+        tl, table = app.timeline, app.ranks_table
+        await pilot.press("e")
+        await pilot.pause()
+        assert app.focused is app.findings_panel
+        mode, sort = tl.mode, table._sort_col
+        await pilot.press("c")
+        await pilot.pause()
+        assert tl.mode != mode
+        await pilot.press("x")
+        await pilot.pause()
+        assert tl.only_findings and sorted(int(r.key[1:]) for r in tl.rows) == [2]
+        await pilot.press("s")
+        await pilot.pause()
+        assert table._sort_col != sort
+        assert app.focused is app.findings_panel  # (the keys act; the focus stays)
+        sort = table._sort_col
+        await pilot.press("3", "s")  # the rank table's own focus, as before
+        await pilot.pause()
+        assert app.focused is table and table._sort_col != sort
+
+    drive(app, check)
+
+
 def test_new_error_findings_alert_once():
     events, now = hung_missing_rank(refused=True)
     app = make_app(events, now)

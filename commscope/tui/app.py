@@ -56,6 +56,11 @@ class CommscopeApp(App):
     CSS_PATH = "app.tcss"
     TITLE = "commscope"
     BINDINGS = [
+        # (the timeline's and the rank table's keys, here so they work whichever pane has the focus;
+        # first, so the footer says them before the rest as when they were the timeline's)
+        Binding("c", "collapse", "Collapse"),
+        Binding("x", "filter_findings", "Findings only"),
+        Binding("s", "cycle_sort", "Sort", show=False),
         Binding("question_mark", "help", "Help"),
         Binding("q", "quit", "Quit"),
         Binding("space", "play_pause", "Play/pause", show=False),
@@ -487,6 +492,15 @@ class CommscopeApp(App):
         sw.border_title = "GPU per rank  [dim](r: ranks)[/]" if sw.current == "gpu" else "ranks  [dim](r: GPU)[/]"
         if sw.current == "gpu":
             self.gpu.refresh_ranks()
+
+    def action_collapse(self) -> None:
+        self.timeline.action_collapse()
+
+    def action_filter_findings(self) -> None:
+        self.timeline.action_filter_findings()
+
+    def action_cycle_sort(self) -> None:
+        self.ranks_table.action_cycle_sort()
 
     def action_focus(self, which: str) -> None:
         {"timeline": self.timeline, "findings": self.findings_panel, "ranks": self.ranks_table}[which].focus()

@@ -130,8 +130,7 @@ class RankTable(ScrollView, can_focus=True):
     per rank.  The header stays on the first line; arrows, page keys and home/end move the
     cursor, the mouse wheel scrolls and a click on a row puts the cursor there."""
 
-    BINDINGS = [("s", "cycle_sort", "Sort"),
-                Binding("up", "cursor_up", "Up", show=False), Binding("down", "cursor_down", "Down", show=False),
+    BINDINGS = [Binding("up", "cursor_up", "Up", show=False), Binding("down", "cursor_down", "Down", show=False),
                 Binding("pageup", "page_up", "Page up", show=False),
                 Binding("pagedown", "page_down", "Page down", show=False),
                 Binding("home", "first", "First", show=False), Binding("end", "last", "Last", show=False)]

@@ -210,8 +210,6 @@ class Timeline(ScrollView, can_focus=True):
         Binding("h,shift+left", "pan_left", "Pan ←", show=False),
         Binding("l,shift+right", "pan_right", "Pan →", show=False),
         Binding("f", "follow", "Follow"),
-        Binding("c", "collapse", "Collapse"),
-        Binding("x", "filter_findings", "Findings only"),
         Binding("enter", "open_op", "Op detail", show=False),
     ]
 
