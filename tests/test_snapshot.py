@@ -329,6 +329,83 @@ def test_no_job_and_bad_arguments_are_clear_errors(tmp_path):
     assert out.returncode == 2 and "--count" in out.stderr
 
 
+def _snapshot_with(job: Launched, store: Path, act) -> tuple:
+    """A snapshot of 3 samples of ``job`` by ``Snapshotter``, ``act(ranks)`` called once the
+    first round is taken (rank -> pid); (the Job, the cycle)."""
+    from commscope.snapshot.take import Snapshotter
+
+    found = procs.find(job.pids).jobs[0]
+    pids = {p.rank: p.pid for p in found.ranks}
+    snap = Snapshotter(found, str(store), "j", count=3, interval=0.3, native=False, use_flight=False)
+
+    def progress(done: int, total: int) -> None:
+        if done == len(pids):
+            act(pids)
+
+    try:
+        return found, snap.cycle(progress)
+    finally:
+        snap.close()
+
+
+def _until_state(pid: int, states: tuple) -> None:
+    deadline = time.monotonic() + SETTLE_S
+    while pyspy.process_state(pid) not in states:
+        assert time.monotonic() < deadline, pyspy.process_state(pid)
+        time.sleep(0.01)
+
+
+def test_a_rank_killed_while_the_snapshot_looks_is_the_dead_rank(jobs, tmp_path, capsys):
+    """Read at the first sample, then SIGKILLed (a zombie of its launcher after): it was written
+    as in no collective, and the job read healthy (helper-171)."""
+    from commscope.commands.snapshot import summary
+
+    job = jobs("env", "missing-caught")
+    settle(job, {0: "all_reduce", 1: "all_reduce", 2: "spin", 3: "all_reduce"})
+
+    def kill(pids: dict[int, int]) -> None:
+        os.kill(pids[2], signal.SIGKILL)
+        _until_state(pids[2], ("Z", "X", None))
+
+    found, cycle = _snapshot_with(job, tmp_path / "s", kill)
+    assert cycle.gone == [2] and 2 not in cycle.failed
+    summary(found, cycle, str(tmp_path / "s"), "j", 0.6)
+    out = " ".join(capsys.readouterr().out.split())  # (wrapped at 80 columns)
+    pid = next(p.pid for p in found.ranks if p.rank == 2)
+    assert f"rank 2 pid {pid} gone: its process ended while the snapshot looked" in out, out
+    report = check(tmp_path / "s")
+    f = one_error(report, "dead_rank", [2])
+    assert "gone" in f["message"]
+    stacks = [json.loads(line) for line in (tmp_path / "s" / "j" / "rank-00002.jsonl").read_text().splitlines()
+              if '"type":"stack"' in line]
+    assert len(stacks) == 1 and "spin" in json.dumps(stacks[0])  # (where it was when last read)
+
+
+def test_a_victim_stopped_while_the_snapshot_looks_is_unread_and_the_culprit_still_named(jobs, tmp_path, capsys):
+    """Rank 0 waits in the all_reduce, read at the first sample, then stopped (SIGSTOP: a
+    debugger, Ctrl-Z): it read as having left the collective, which made the job look as if
+    it went on, and the spinning rank 2 was not named (helper-171)."""
+    from commscope.commands.snapshot import summary
+
+    job = jobs("env", "missing")
+    settle(job, {0: "all_reduce", 1: "all_reduce", 2: "spin", 3: "all_reduce"})
+
+    def stop(pids: dict[int, int]) -> None:
+        os.kill(pids[0], signal.SIGSTOP)
+        _until_state(pids[0], ("T",))
+
+    found, cycle = _snapshot_with(job, tmp_path / "s", stop)
+    assert set(cycle.failed) == {0} and cycle.failed[0].kind == pyspy.STOPPED and cycle.ops[0].op == "all_reduce"
+    summary(found, cycle, str(tmp_path / "s"), "j", 0.6)
+    out = " ".join(capsys.readouterr().out.split())  # (wrapped at 80 columns)
+    assert "is stopped (SIGSTOP, Ctrl-Z or a debugger holds it)" in out and "(last seen in all_reduce" in out, out
+    report = check(tmp_path / "s")
+    errs = sorted((f["kind"], f["culprits"]) for f in errors(report))
+    assert errs == [("missing_ranks", [2]), ("trace_incomplete", [0])], [f["message"] for f in errors(report)]
+    unread = next(f for f in errors(report) if f["kind"] == "trace_incomplete")
+    assert "kill -CONT" in unread["message"]
+
+
 # ---------------------------------------------------------------------- attach --pid
 def test_attach_pid_follows_the_job_through_repeated_snapshots(jobs, tmp_path):
     """The console on ``attach --pid``'s source: cycle after cycle, one finding, the right culprit."""
@@ -581,6 +658,20 @@ def test_a_rank_seen_going_through_the_collective_is_not_missing(tmp_path):
     # outside it at every sample (and not moving past it): hung
     assert _errors_of(_judge(tmp_path / "d", {0: [_in_all_reduce()] * 3, 1: [_in_all_reduce()] * 3,
                                               2: [work, _at(9), _at(5)]})) == [("missing_ranks", [2])]
+
+
+def test_a_rank_read_then_gone_or_unread_is_said_so(tmp_path):
+    """Samples read, then not: gone (its process ended) is a dead rank; unread (py-spy failing)
+    keeps the op it was last seen inside and is an error, never healthy (helper-171)."""
+    gone = pyspy.DumpError(pyspy.GONE, "No such process")
+    spinning = [_at(14)] * 3
+    waited = [_in_all_reduce(), _in_all_reduce(), _at(20)]  # (its all_reduce failed: it went on to sleep)
+    assert _errors_of(_judge(tmp_path / "dead", {0: waited, 1: waited, 2: [_at(14), _at(14), gone]})) == [
+        ("dead_rank", [2])]
+    failing = pyspy.DumpError(pyspy.FAILED, "Failed to get stack traces")
+    found = _judge(tmp_path / "unread", {0: [_in_all_reduce(), _in_all_reduce(), failing],
+                                         1: [_in_all_reduce()] * 3, 2: spinning})
+    assert sorted(_errors_of(found)) == [("missing_ranks", [2]), ("trace_incomplete", [0])]
 
 
 def test_a_rank_py_spy_may_not_read_is_named_with_what_to_do(tmp_path):

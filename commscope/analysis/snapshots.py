@@ -42,7 +42,12 @@ def unread(model: TraceModel) -> dict[int, tuple[str, str]]:
 
 
 def _advice(kind: str) -> str:
-    return PTRACE_ADVICE if kind == "permission" else "run commscope snapshot again (py-spy failed on it)"
+    """What to do about a rank py-spy could not read, by its error's kind (``pyspy.classify``)."""
+    if kind == "permission":
+        return PTRACE_ADVICE
+    if kind == "stopped":
+        return "resume it (kill -CONT PID), then run commscope snapshot again"
+    return "run commscope snapshot again (py-spy failed on it)"
 
 
 def is_snapshot(model: TraceModel) -> bool:

@@ -87,6 +87,13 @@ def work(rank: int, world: int, mode: str) -> None:
         if rank == 2:
             spin()
         dist.all_reduce(t)
+    elif mode == "missing-caught":  # (rank 2 spins; the others wait, and outlive its death)
+        if rank == 2:
+            spin()
+        try:
+            dist.all_reduce(t)
+        except RuntimeError:
+            time.sleep(HOLD_S)
     elif mode == "loader":
         if rank == 1:
             for batch in torch.utils.data.DataLoader(SlowDataset(), num_workers=0):

@@ -231,13 +231,18 @@ def summary(job: Job, cycle: Cycle, store: str, job_id: str, span: float) -> Non
     for p in job.ranks:
         op = cycle.ops.get(p.rank)
         err = cycle.failed.get(p.rank)
-        if err is not None:
-            what = f"no stack: {err}"
-        elif op is not None:
+        inside = None
+        if op is not None:
             where = f" at {os.path.basename(op.site)}" if op.site else ""
             group = f"group {op.group}" if op.group else "a group passed by object"
             via = f", {op.via}" if op.via else ""
-            what = f"in {op.op} ({group}{f', peer {op.peer}' if op.peer is not None else ''}{via}){where}"
+            inside = f"in {op.op} ({group}{f', peer {op.peer}' if op.peer is not None else ''}{via}){where}"
+        if err is not None:
+            what = f"no stack: {err}" + (f" (last seen {inside})" if inside else "")
+        elif p.rank in cycle.gone:
+            what = "gone: its process ended while the snapshot looked"
+        elif inside is not None:
+            what = inside
         elif p.rank in cycle.backward:
             site, native = cycle.backward[p.rank]
             what = f"in autograd's backward{f' at {os.path.basename(site)}' if site else ''}" + (

@@ -18,7 +18,7 @@ import orjson
 
 #: One dump of a stuck rank takes ~20 ms (a native one ~100-500 ms); past this it is hung itself.
 TIMEOUT_S = 20.0
-MISSING, PERMISSION, GONE, FAILED = "missing", "permission", "gone", "failed"
+MISSING, PERMISSION, GONE, STOPPED, FAILED = "missing", "permission", "gone", "stopped", "failed"
 INSTALL = "py-spy is not installed: pip install py-spy (commscope's own install brings it)"
 
 
@@ -92,7 +92,11 @@ def _run(pid: int, flags: list[str], exe: str | None, timeout: float) -> bytes:
         raise DumpError(MISSING, f"cannot run py-spy ({exe}): {exc}") from None
     if out.returncode != 0:
         text = (out.stderr or out.stdout).decode(errors="replace").strip()
-        raise DumpError(classify(text, pid), first_line(text) or f"py-spy exited {out.returncode}")
+        kind = classify(text, pid)
+        said = first_line(text) or f"py-spy exited {out.returncode}"
+        if kind == STOPPED:  # (py-spy says only "Failed to get stack traces")
+            said = f"pid {pid} is stopped (SIGSTOP, Ctrl-Z or a debugger holds it): py-spy cannot read it"
+        raise DumpError(kind, said)
     return out.stdout
 
 
@@ -111,13 +115,29 @@ def first_line(text: str) -> str:
 
 
 def classify(text: str, pid: int) -> str:
+    """What py-spy's failure on ``pid`` means: no permission, the process gone (a zombie is:
+    it ended, its parent has not collected it), stopped, or py-spy failing."""
     low = text.lower()
     if "permission denied" in low or "operation not permitted" in low or "os error 1)" in low or "os error 13" in low:
         return PERMISSION
-    if "no such process" in low or "os error 3)" in low or "failed to find process" in low or not os.path.exists(
-            f"/proc/{pid}"):
+    state = process_state(pid)
+    if "no such process" in low or "os error 3)" in low or "failed to find process" in low or state in (None, "Z", "X"):
         return GONE
+    if state in ("T", "t"):
+        return STOPPED
     return FAILED
+
+
+def process_state(pid: int) -> str | None:
+    """The state letter of ``/proc/PID/stat`` (R, S, D, T stopped, t traced, Z zombie, ...);
+    None where there is no such process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    after = stat.rpartition(b")")[2].split()  # (the command name, in parentheses, may hold anything)
+    return after[0].decode(errors="replace") if after else None
 
 
 def parse(raw: object) -> list[PyThread]:

@@ -18,7 +18,12 @@ One *cycle* is ``count`` samples ``interval`` apart.  Each rank's stream gets:
   (``reason: "gone"``, ``src: "snapshot"``);
 - a rank py-spy could not read (no permission to attach, py-spy failing): its ``meta`` and
   one ``stack`` without threads whose ``reason`` says why (``analysis.vocab.UNREAD``), so
-  ``check`` knows it is there, unread, and not on a host nobody snapshotted.
+  ``check`` knows it is there, unread, and not on a host nobody snapshotted;
+- a rank read, then not by the cycle's last sample: gone since (its process ended, or is
+  a zombie), its stacks read and an ``exit`` just after the last sample that read it; else
+  (stopped, py-spy failing) its stacks read, the op it was last seen inside, and the
+  unread ``stack`` last.  Before, it was written as in no op: a rank killed mid-snapshot,
+  or a victim stopped, and the job read healthy (helper-171).
 
 An op counts as stuck from the first sample of the run that showed it, but never from
 before a sample at which a rank outside it was seen going through that collective (inside
@@ -87,7 +92,9 @@ class Cycle:
     ended_ns: int
     ops: dict[int, InFlight]  # rank -> the op it stayed inside
     gone: list[int]
-    failed: dict[int, pyspy.DumpError]  # ranks no sample could be taken of, and why
+    #: ranks not read at the last sample, and why (those read before: ``ops`` says the op they
+    #: were last seen inside)
+    failed: dict[int, pyspy.DumpError]
     flight: list[int]  # ranks whose ops came from a Flight Recorder dump
     flight_note: str | None = None
     #: ranks in no op at the last sample but inside autograd's backward: rank -> (the user's
@@ -225,6 +232,7 @@ class Snapshotter:
         failed: dict[int, pyspy.DumpError] = {}
         firsts: dict[int, int] = {}
         backward: dict[int, tuple[str | None, bool]] = {}
+        died: set[int] = set()  # read, then gone before the cycle's last sample
         for rank, ss in samples.items():
             ok = [s for s in ss if s.threads is not None]
             if not ok:
@@ -233,12 +241,23 @@ class Snapshotter:
                     gone.append(rank)  # it ended while the snapshot looked
                     went[rank] = ended
                 continue
-            last = ss[-1]
+            read = ss[:ss.index(ok[-1]) + 1]  # (up to its last sample read)
+            if len(read) < len(ss):  # read, then not: it ended, or could no longer be read (helper-171)
+                error = ss[-1].error or pyspy.DumpError(pyspy.FAILED, "no sample")
+                if error.kind == pyspy.GONE:
+                    gone.append(rank)
+                    died.add(rank)
+                    # (timed by its last sign of life, as a spool's unseen death is: found gone at a
+                    # sample that saw the others there, it went before them)
+                    went[rank] = read[-1].ts + 1
+                    continue
+                failed[rank] = error  # there, unread at the end: as last read, and said unread
+            last = read[-1]
             if last.op is not None:
                 ops[rank] = last.op
                 # one sample a cycle: every op seen counts as stuck (hang_after ~0), from the cycle's start
-                firsts[rank] = _tail_run(ss)[0].ts if self.count > 1 else started
-            elif last.threads is not None and (bw := in_backward(last.threads)) is not None:
+                firsts[rank] = _tail_run(read)[0].ts if self.count > 1 else started
+            elif (bw := in_backward(last.threads)) is not None:
                 backward[rank] = (bw[1], has_native(last.threads))
         if self.count > 1:
             for rank, since in _progress(samples, ops).items():
@@ -251,7 +270,7 @@ class Snapshotter:
         fr_events, fr_ranks, fr_note = self._flight(samples, recorded)
         for p in self.job.ranks:
             rank = p.rank
-            if rank in gone or rank not in samples:
+            if (rank in gone and rank not in died) or rank not in samples:
                 continue
             evs = out.setdefault(rank, [])
             if k == 1 or rank not in self._groups:
@@ -261,10 +280,9 @@ class Snapshotter:
             if prev is not None:
                 evs.append({"v": v, "type": events.OP, "rank": rank, "ts": started, "id": prev, "phase": events.END,
                             "approx": True})
-            if rank in failed:  # there, alive, unread: said so (not taken for a rank on another host)
-                evs.append({"v": v, "type": events.STACK, "rank": rank, "ts": samples[rank][-1].ts, "threads": [],
-                            "reason": unread_reason(failed[rank].kind, redact(str(failed[rank])))})
-                continue
+            unread = [] if rank not in failed else [{  # there, alive, unread: said so (not taken for a rank on
+                "v": v, "type": events.STACK, "rank": rank, "ts": samples[rank][-1].ts, "threads": [],  # another host)
+                "reason": unread_reason(failed[rank].kind, redact(str(failed[rank])))}]
             for s in samples[rank]:
                 if s.threads is None:
                     continue
@@ -277,6 +295,9 @@ class Snapshotter:
                     if s.rss is not None:
                         sample["rss"] = int(s.rss)
                     evs.append(sample)
+            evs += unread  # (after the stacks read before: the rank's last stack says it is unread)
+            if rank in died:
+                continue  # (its exit follows)
             if rank in fr_ranks:
                 evs += [dict(e, rank=rank) for e in fr_events.get(rank, [])]
                 continue
