@@ -2143,7 +2143,9 @@ def test_a_stream_with_a_segment_deleted_before_its_carry_is_bounded_still(tmp_p
             k += 100
         job = tmp_path / "job"
         assert not list(job.glob("*.open.*"))  # (no carry written: its closer has not run)
-        list_segments(job)[(0, 0)][1].path.unlink()  # (by hand)
+        gone = list_segments(job)[(0, 0)][1].path
+        held = gone.read_bytes().count(b"\n")
+        gone.unlink()  # (by hand)
     finally:
         busy.kill()
         busy.wait()
@@ -2166,8 +2168,10 @@ def test_a_stream_with_a_segment_deleted_before_its_carry_is_bounded_still(tmp_p
         f"rank 0: what it was in when segment {segs[0].number - 1} ended is not known (not carried, and a segment "
         "before it is gone): an op begun before may be missing",
         "rank 0: 1 segment(s) of its stream gone from the store (segment 1): neither on disk nor summarized by "
-        "retention; what they held is lost"]
-    assert reader.stats.missing_by_rank == {0: 1}
+        f"retention; {held} line(s) of them not read are lost"]
+    # (the lines it held, from the summaries of the segments around it: ``lines_before`` of the
+    # one after it; before, it counted as one line, what it held not known)
+    assert reader.stats.missing_by_rank == {0: held}
     assert reader.stats.summarized == sum(s["events"] for s in summaries)
 
 
@@ -2196,3 +2200,54 @@ def test_a_forwarder_s_next_segment_counts_the_lines_before_it_resumed(tmp_path)
         f"rank 0: 1 segment(s) of its stream gone from the store (segment {gone.number}): neither on disk nor "
         f"summarized by retention; {lines} line(s) of them not read are lost"]
     assert reader.stats.missing_by_rank == {0: lines}
+
+
+def _skipped(store: str, capsys) -> tuple[int, dict]:
+    """``check --json``'s exit code and what it says was skipped or lost."""
+    rc = cli(["check", store, "--json"])
+    return rc, json.loads(capsys.readouterr().out)["skipped"]
+
+
+@pytest.mark.parametrize("cut", ["half", "all", "torn"])
+def test_a_segment_cut_short_is_counted_exactly_before_and_after_retention(tmp_path, capsys, cut):
+    """Rank 3's segment 4 cut in its middle, to nothing, or in its last line: a reader counts
+    its torn last line damaged and the whole lines gone from its end lost, as the next
+    segment's meta says them; and retention's summary says the same once it deleted the
+    segment.  Before, the cut lines counted as one (or none), and once summarized the
+    trace read healthy, exit 0 (helper-173)."""
+    store = str(tmp_path / "trace")
+    write_store(store, JobShape(4, 400, fault="healthy", days=7, segment_bytes=16 << 10))
+    job = Path(store) / "synthetic"
+    seg = next(s for s in list_segments(job)[(3, 0)] if s.number == 4)
+    data = seg.path.read_bytes()
+    keep = {"half": len(data) // 2, "all": 0, "torn": len(data) - 20}[cut]
+    left = data[:keep]
+    torn = int(bool(left) and not left.endswith(b"\n"))
+    gone = data.count(b"\n") - left.count(b"\n") - torn  # whole lines cut off its end
+    assert gone > 0 or cut == "torn"
+    seg.path.write_bytes(left)
+    before = _skipped(store, capsys)
+    assert before[0] == 1 and (before[1]["damaged"], before[1]["store_missing"]) == (torn, gone), before
+    assert retention.close_stream(job, 3, 0, retention.Retention(max_bytes=None, max_age_s=2 * 86400)) > 4
+    after = _skipped(store, capsys)
+    assert after[0] == 1 and (after[1]["damaged"], after[1]["store_missing"]) == (torn, gone), after
+    assert after[1]["summarized"] > 0
+
+
+def test_segments_deleted_by_hand_before_ones_retention_deleted_count_their_lines(tmp_path, capsys):
+    """A cleaner deleted rank 3's segments 0-2; retention then summarized and deleted 3 and 4:
+    the lines the first three held were counted from segment 3's meta, which went with it,
+    and fell to one a segment (194 to 3, helper-173).  The summary keeps them (``lines_before``)."""
+    store = str(tmp_path / "trace")
+    write_store(store, JobShape(4, 400, fault="healthy", days=7, segment_bytes=16 << 10))
+    job = Path(store) / "synthetic"
+    segs = [s for s in list_segments(job)[(3, 0)] if s.number < 3]
+    held = sum(s.path.read_bytes().count(b"\n") for s in segs)
+    for s in segs:
+        s.path.unlink()
+    rc, before = _skipped(store, capsys)
+    assert rc == 1 and before["store_missing"] == held
+    assert retention.close_stream(job, 3, 0, retention.Retention(max_bytes=None, max_age_s=2 * 86400)) >= 2
+    assert not any(s.number in (3, 4) for s in list_segments(job)[(3, 0)])
+    rc, after = _skipped(store, capsys)
+    assert rc == 1 and after["store_missing"] == held and after["summarized"] > 0

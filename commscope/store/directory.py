@@ -702,6 +702,13 @@ class DirectoryReader(TraceReader):
         #: per stream, segments passed over as gone (no file, ``_read_stream``): the next gap in
         #: its ring positions is theirs, counted with them (``_count_segments_gone``)
         self._gone_excuse: dict[Stream, int] = {}
+        #: per stream, the segment it read to its end and went on from to the next one
+        #: (``_read_stream``): the next one's meta says the lines written before it, so those
+        #: cut off the end of this one are counted (``_count_cut``)
+        self._moved_on: dict[Stream, int] = {}
+        #: the streams whose lines read fell behind their writers' count, by segments passed
+        #: over as gone (counted with them): the next ``_count_cut`` takes its count again
+        self._passed_gone: set[Stream] = set()
         #: per stream, the segment numbers below this are counted as gone (``_count_segments_gone``),
         #: or by a writer's ``store_lost`` marker (``_count_store_lost``)
         self._gone_upto: dict[Stream, int] = {}
@@ -1122,6 +1129,8 @@ class DirectoryReader(TraceReader):
         decoder.gaps = []
         if left:
             self.stats.count_gaps(stream[0], len(left), sum(left))
+            if self.counts_lines:  # (lines accounted for: a segment's end cut off counts past them, ``_count_cut``)
+                self._lines_read[stream] = self._lines_read.get(stream, 0) + len(left)
         if lost:  # (kept for the next chunk's: a block's line damaged at the end of this one)
             self._excused[stream] = lost
 
@@ -1614,7 +1623,10 @@ class DirectoryReader(TraceReader):
     def _lines_before_segment(self, stream: Stream, number: int) -> int | None:
         """The lines written to ``stream`` before its segment ``number``: 0 before segment 0,
         else as its meta says (``segments.lines_before``), taken when it was read from its
-        start (``_rebased_at``) or read now from the segment on disk; None where nothing says."""
+        start (``_rebased_at``) or read now from the segment on disk, or as its summary says
+        where retention deleted it (before, segments deleted by hand before one retention
+        deleted since counted a line each: 3 where 194 were lost, helper-173); None where
+        nothing says."""
         if number == 0:
             return 0
         rebased = self._rebased_at.get(stream)
@@ -1622,7 +1634,8 @@ class DirectoryReader(TraceReader):
             return rebased.lines
         seg = next((s for s in self._streams.get(stream, ()) if s.number == number), None)
         if seg is None:
-            return None
+            said = next((e.get("lines_before") for e in self._in_summary_file(stream, 0) if e["seg"] == number), None)
+            return said if isinstance(said, int) else None
         try:
             return segments.lines_before(read_from(seg.path, 0, self.HEAD_BYTES))
         except OSError:
@@ -1667,6 +1680,10 @@ class DirectoryReader(TraceReader):
                 # segments between gone: the gap in the ring positions they leave is theirs,
                 # counted with them on the final read (``_count_segments_gone``), not twice
                 self._gone_excuse[stream] = self._gone_excuse.get(stream, 0) + 1
+            if newer.number == cur.number + 1:
+                self._moved_on[stream] = cur.number
+            else:  # (the lines of those gone between are counted with them, at the end: not read here)
+                self._passed_gone.add(stream)
             self._reading[stream] = newer.number
             self._partial[stream] = False
 
@@ -1738,6 +1755,8 @@ class DirectoryReader(TraceReader):
             if before is not None:
                 self._lines_read[stream] = before
                 self._rebased_at[stream] = Rebased(key[1], before)
+        flushed = self._count_cut(stream, key[1] - 1, data) if not offset and self._moved_on.get(stream) == key[1] - 1 \
+            else []
         if not offset and cut and inflight.starts_again(data):
             events = self._started_again(stream, data[:cut], cut)
         else:
@@ -1745,6 +1764,8 @@ class DirectoryReader(TraceReader):
                 self.stats.warnings.append(f"rank {rank}: {path.name} was written again under its name; "
                                            "re-reading it from the start")
             events = self.ingest_later(stream, data[:cut], cut) if cut else []
+        if flushed:  # (the chunks decoded before this one's: ``_count_cut``)
+            events = flushed + events
         if self.counts_lines:
             lines = data.count(b"\n", 0, cut) if cut < _COUNT_BY_NUMPY else count_lines(data, cut)  # (a poll's: inline)
             self._lines_read[stream] = self._lines_read.get(stream, 0) + lines + (end > cut)
@@ -1759,6 +1780,39 @@ class DirectoryReader(TraceReader):
         if end >= self.SAME_FILE_BYTES:
             self._last_read[key] = data[end - self.SAME_FILE_BYTES:end]
         return events, cut, at_end
+
+    def _count_cut(self, stream: Stream, number: int, head: bytes) -> None:
+        """The lines cut off the end of segment ``number`` of ``stream``, which this reader
+        read to its end (``_moved_on``): the next one's meta says the lines written before
+        it (``segments.lines_before``), and those past the lines read are lost.  The gap in
+        the ring positions they leave is theirs (``_gone_excuse``).  Before, a segment
+        truncated in its middle counted as one damaged line (its torn last one), and one
+        truncated to nothing as one line (its gap): 34 and 65 lines were gone (helper-173).
+        Lines gone inside it are its gaps, counted as they are read (``_account``): where its
+        chunks wait to be decoded together, they are decoded first, and their events
+        returned (to come before this segment's)."""
+        del self._moved_on[stream]
+        read = self._position(stream)
+        before = segments.lines_before(head) if read is not None else None
+        if before is None or read is None or before <= read:
+            return []
+        if stream in self._passed_gone:  # (behind by the lines of segments gone, counted with them)
+            self._passed_gone.discard(stream)
+            self._lines_read[stream] = before
+            return []
+        flushed: list[Event] = []
+        if self._queued and stream in self._queued:
+            flushed = self.decode_queued()
+            self.queue_chunks()
+            read = self._position(stream)
+            if read is None or before <= read:
+                return flushed
+        self.stats.count_lost_lines(stream[0], before - read, f"cut off the end of segment {number} (the next "
+                                    f"segment's meta says {before:,} line(s) were written before it; {read:,} read "
+                                    "or counted lost)")
+        self._lines_read[stream] = before
+        self._gone_excuse[stream] = self._gone_excuse.get(stream, 0) + 1
+        return flushed
 
     #: The bytes a segment's read ends with that its next read reads again: where they differ,
     #: the file is another than the one read (``_read_segment``).  Not its inode: a file deleted

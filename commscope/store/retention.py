@@ -37,7 +37,14 @@ import orjson
 from commscope.schema import MAX_REASONS, REASON, SCHEMA_VERSION
 from commscope.store import children, inflight, keyframes
 from commscope.store.files import O_NOFOLLOW, create_file, mode_of, read_from, size_of
-from commscope.store.segments import Segment, lines_before, segments_of, stream_prefix, summary_name
+from commscope.store.segments import (
+    META_BYTES,
+    Segment,
+    lines_before,
+    segments_of,
+    stream_prefix,
+    summary_name,
+)
 from commscope.window import DURATION_UNITS
 
 ENV_RETAIN = "COMMSCOPE_RETAIN"
@@ -249,7 +256,8 @@ class _Rows:
 _COUNTS = ("count", "in_bytes", "out_bytes", "unfinished", "failed")
 
 
-def summarize(path: Path, rank: int, number: int, carried_in: bytes = b"") -> dict:
+def summarize(path: Path, rank: int, number: int, carried_in: bytes = b"", lines_after: int | None = None,
+              lines_before_it: int | None = None) -> dict:
     """The ``summary`` event of one segment: per op and group, counts, bytes, failures and
     per minute a latency histogram; what the segment held in events and bytes, and what it
     lost (``_lost``: a reader counts it as if it had read the segment).  The ops it
@@ -260,7 +268,10 @@ def summarize(path: Path, rank: int, number: int, carried_in: bytes = b"") -> di
     read them before retention deleted the segments under it has counted them already, and
     takes them out (``counted``).  Their latencies are left out of the rows' per-minute
     max, which could not be taken out again; a reader puts back those it does not take
-    out, and one before these lists reads the rows as before, all but those maxima."""
+    out, and one before these lists reads the rows as before, all but those maxima.
+    ``lines_after``: the lines written before the next segment, as its meta says, which
+    says the lines cut off the end of this one (``_cut``); ``lines_before_it``: this one's,
+    where its own meta cannot say (a file cut to nothing)."""
     data = inflight.read_segment(path)
     got = inflight.replay(carried_in, data, rank)
     carried_out = set(got.carried_out())
@@ -281,10 +292,18 @@ def summarize(path: Path, rank: int, number: int, carried_in: bytes = b"") -> di
                 unissued.append(op_id)
     first, last = (min(stamps), max(stamps)) if stamps else (0, 0)
     before = 0 if number == 0 else lines_before(data)  # (its meta says them: ``segments.opening_meta``)
+    if before is None:
+        before = lines_before_it
+    torn = not data.endswith(b"\n") and bool(data)  # (its last line cut: a reader counts it damaged)
+    lines = data.count(b"\n") + torn
+    gaps = len(got.losses.gaps) if got.losses is not None else 0  # (lines gone inside it: counted as its gaps)
+    cut = lines_after - before - lines - gaps if lines_after is not None and before is not None else 0
+    upto = before + lines + gaps + max(0, cut) if before is not None else None
     return {"type": "summary", "v": SCHEMA_VERSION, "rank": rank, "ts": last, "seg": number, "first_ns": first,
             "last_ns": last, "events": got.events, "size": len(data), "ops": rows.rows(),
             **({"carried": carried} if carried else {}), **({"unissued_ids": unissued} if unissued else {}),
-            **({"lines_upto": before + data.count(b"\n")} if before is not None else {}), **_lost(got.losses)}
+            **({"lines_before": before, "lines_upto": upto} if before is not None else {}),
+            **_lost(got.losses, torn, max(0, cut), number)}
 
 
 def counted(summary: dict, read_upto: int = -1) -> dict:
@@ -324,15 +343,21 @@ def completions(summary: dict, read_upto: int, ids: range = ANY_ID) -> list[dict
             if op.id <= read_upto and op.done_phase and op.id in ids]
 
 
-def _lost(losses: inflight.Losses | None) -> dict:
+def _lost(losses: inflight.Losses | None, torn: bool = False, cut: int = 0, number: int = 0) -> dict:
     """A summary's keys for what its segment lost (none where it lost nothing), so a reader
-    that never reads the segment counts it as a read of it would: damaged lines, invalid
-    events by reason (a reason the schema would not take as one is "other"), the lines the
-    store lost and why, the gaps in its ring positions (lines gone from its file) and their
-    bytes of op records."""
+    that never reads the segment counts it as a read of it would: damaged lines (its last
+    one ``torn``: cut in two), invalid events by reason (a reason the schema would not take
+    as one is "other"), the lines the store lost and why (``cut``: whole lines gone from its
+    end, as ``DirectoryReader._count_cut`` counts them), the gaps in its ring positions
+    (lines gone from its file) and their bytes of op records.  Before, a segment cut short
+    was summarized as whole: the trace it left read healthy (helper-173)."""
+    out: dict = {}
+    if cut:
+        out |= {"entries": cut, "reason": f"cut off the end of segment {number}"}
     if losses is None:
-        return {}
-    out: dict = {"damaged": losses.damaged} if losses.damaged else {}
+        return out | ({"damaged": 1} if torn else {})
+    if losses.damaged + torn:
+        out["damaged"] = losses.damaged + torn
     invalid: Counter = Counter()
     for reason, n in losses.invalid.items():
         known = REASON.fullmatch(reason) is not None and (reason in invalid or len(invalid) < MAX_REASONS)
@@ -340,7 +365,8 @@ def _lost(losses: inflight.Losses | None) -> dict:
     if invalid:
         out["invalid"] = dict(invalid)
     if losses.entries:
-        out |= {"entries": losses.entries, "reason": losses.reason}
+        out |= {"entries": losses.entries + cut, "reason": losses.reason + (f"; and {cut:,} line(s) cut off the end "
+                                                                             f"of segment {number}" if cut else "")}
     if losses.gaps:
         out |= {"gaps": len(losses.gaps), "gap_bytes": sum(losses.gaps)}
     return out
@@ -382,15 +408,22 @@ def enforce(directory: Path, rank: int, incarnation: int, retain: Retention, seg
         done = _last_summarized(summary)
         # (segments are numbered one after the other: each one's carry is the next one's before)
         before = _carried(directory, stream, drop[0].number - 1) if drop[0].number > 0 else b""
+        upto = None  # (the lines written to the end of the segment summarized last)
+        after = {s.number: s for s in segs}
         for seg in drop:
             out = _carried(directory, stream, seg.number)
             if out is None:
                 break  # not carried yet: deleting it would lose what was in flight at its end
             if seg.number > done:  # (a child stopped after summarizing it: once is enough)
+                nxt = after.get(seg.number + 1)
                 try:
-                    line = orjson.dumps(summarize(seg.path, rank, seg.number, before or b"")) + b"\n"
+                    said = summarize(seg.path, rank, seg.number, before or b"",
+                                     lines_after=_lines_before_of(nxt.path) if nxt is not None else None,
+                                     lines_before_it=upto)
                 except OSError:
                     break
+                upto = said.get("lines_upto")
+                line = orjson.dumps(said) + b"\n"
                 os.write(lock, line)
                 os.fsync(lock)
             with contextlib.suppress(FileNotFoundError):
@@ -405,6 +438,15 @@ def enforce(directory: Path, rank: int, incarnation: int, retain: Retention, seg
     finally:
         os.close(lock)
     return gone
+
+
+def _lines_before_of(path: Path) -> int | None:
+    """The lines written before the segment at ``path``, as its meta says (None: it does not,
+    or it cannot be read)."""
+    try:
+        return lines_before(read_from(path, 0, META_BYTES))
+    except OSError:
+        return None
 
 
 def _carried(directory: Path, stream: tuple[int, int], number: int) -> bytes | None:
