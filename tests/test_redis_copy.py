@@ -97,24 +97,34 @@ def test_large_trimmed_copy_pages_through_and_warns(redis_url, tmp_path, capsys)
     assert all(20_000 <= len(v) < 60_001 for v in expected.values())
 
 
-@pytest.mark.parametrize("to", ["directory", "redis"])
+@pytest.mark.parametrize("to", ["directory", "redis", "directory, then redis"])
 def test_a_copy_of_a_trimmed_trace_still_says_what_is_missing(redis_url, tmp_path, capsys, to):
     """The source lost its oldest events to maxlen: check on it exits 1 (trace_incomplete); a
-    copy must not pass for a whole trace (exit 0) because its own numbering has no gap."""
+    copy must not pass for a whole trace (exit 0) because its own numbering has no gap.  Nor
+    a copy of the copy: a directory's ``store_lost`` marker copied into Redis is a gap in its
+    entry numbers there (it was an entry a Redis reader does not count, and check said the
+    trace looked healthy, exit 0: helper-172)."""
     import json
 
     make_job(redis_url + "?maxlen=10", "trim", ranks=2, per_rank=300)
     assert cli.main(["check", redis_url, "--json"]) == 1
+    lost = json.loads(capsys.readouterr().out)["skipped"]["store_missing"]
+    assert lost > 0
     base, db = redis_url.rsplit("/", 1)
-    dst = str(tmp_path / "copy") if to == "directory" else f"{base}/{int(db) % 63 + 1}"  # (another database)
-    if to == "redis":
-        redis_client(dst).flushdb()
+    other = f"{base}/{int(db) % 63 + 1}"  # (another database)
+    dst = str(tmp_path / "copy") if to.startswith("directory") else other
+    if to != "directory":
+        redis_client(other).flushdb()
     assert cli.main(["copy", redis_url, dst, "--job", "trimcopy", "-q"]) == 0
+    target = str(tmp_path / "copy" / "trimcopy") if to.startswith("directory") else dst + "?job=trimcopy"
+    if to == "directory, then redis":
+        assert cli.main(["copy", target, other, "--job", "again", "-q"]) == 0
+        target = other + "?job=again"
     capsys.readouterr()
-    target = str(tmp_path / "copy" / "trimcopy") if to == "directory" else dst + "?job=trimcopy"
     rc = cli.main(["check", target, "--json"])
     out = json.loads(capsys.readouterr().out)
     assert rc == 1 and any(f["kind"] == "trace_incomplete" for f in out["findings"]), out
+    assert out["skipped"]["store_missing"] == lost
 
 
 @pytest.mark.parametrize("to", ["directory", "redis"])

@@ -23,6 +23,7 @@ from typing import Any
 
 from commscope import events
 from commscope.commands import options
+from commscope.events import Event
 from commscope.redact import redact
 from commscope.store import (
     Size,
@@ -33,7 +34,7 @@ from commscope.store import (
     open_writer,
     refuse_url_like,
 )
-from commscope.store.base import is_job_name, said_by_store, store_lost
+from commscope.store.base import STORE_LOST, is_job_name, said_by_store, store_lost
 from commscope.store.redis_store import RedisReader, RedisWriter
 
 #: Lines a write holds at most: a Redis destination takes its marks between writes
@@ -88,6 +89,26 @@ def _new_loss(src: TraceReader, seen: dict[int, int]) -> set[int]:
     return {r for r, n in src.stats.missing_by_rank.items() if n > seen.get(r, 0)}
 
 
+def _write(w: StoreWriter, lines: list[bytes]) -> None:
+    for k in range(0, len(lines), WRITE_LINES):  # (a Redis stream is marked between writes)
+        w.write(lines[k:k + WRITE_LINES])
+
+
+def _write_gaps(w: RedisWriter, lines: list[bytes], losses: dict[int, Event]) -> None:
+    """``lines`` into a Redis stream, each ``store_lost`` marker among them (``losses``, by
+    its index) made a gap in its entry numbers, as the loss it says is on Redis
+    (``RedisWriter.skip``: a Redis reader counts gaps, not markers).  Before, a directory
+    copy of a trimmed Redis trace copied into Redis again held its marker as an entry with no
+    gap after it, and check said the trace looked healthy, exit 0 (helper-172)."""
+    start = 0
+    for at in sorted(losses):
+        _write(w, lines[start:at])
+        marker = losses[at]
+        w.skip(int(marker.get("entries") or 0), str(marker.get("reason") or "")[len(STORE_LOST) + 2:])
+        start = at + 1
+    _write(w, lines[start:])
+
+
 def copy_trace(src: TraceReader, dst: str, job: str, meta: dict, progress: Any = None, task: Any = None,
                unit: str = "events", share: bool | None = None) -> dict[int, int]:
     """Copy every event ``src`` still has into job ``job`` of store ``dst``; events per rank.
@@ -116,10 +137,14 @@ def copy_trace(src: TraceReader, dst: str, job: str, meta: dict, progress: Any =
                     break
             by_rank: dict[int, list[bytes]] = {}
             said: dict[int, int] = {}  # entries the page's own store_lost markers account for
+            losses: dict[int, dict[int, Event]] = {}  # rank -> where in its lines a store_lost marker is
             for ev in page:
-                by_rank.setdefault(ev["rank"], []).append(encode(ev))
-                if gaps and ev["type"] == "dropped" and said_by_store(ev):
-                    said[ev["rank"]] = said.get(ev["rank"], 0) + int(ev.get("entries") or 0)
+                lines = by_rank.setdefault(ev["rank"], [])
+                if ev["type"] == "dropped" and said_by_store(ev):
+                    losses.setdefault(ev["rank"], {})[len(lines)] = ev
+                    if gaps:
+                        said[ev["rank"]] = said.get(ev["rank"], 0) + int(ev.get("entries") or 0)
+                lines.append(encode(ev))
             # (a rank whose loss the reader counted without a later event of it: the tail of its
             # stream that Redis lost after its writer closed, counted at the end of ``read_all``)
             lossy = _new_loss(src, seen_missing) if gaps else set()
@@ -143,8 +168,10 @@ def copy_trace(src: TraceReader, dst: str, job: str, meta: dict, progress: Any =
                             w.skip(gap, why)
                         else:
                             lines = [store_lost(rank, gap, why)] + lines
-                for k in range(0, len(lines), WRITE_LINES):  # (a Redis stream is marked between writes)
-                    w.write(lines[k:k + WRITE_LINES])
+                if isinstance(w, RedisWriter) and rank in losses:
+                    _write_gaps(w, lines, losses[rank])
+                else:
+                    _write(w, lines)
                 copied[rank] = copied.get(rank, 0) + len(by_rank[rank])  # (the source's events)
             if progress is not None:
                 done = src.stats.bytes if unit == "bytes" else sum(copied.values())

@@ -421,11 +421,20 @@ return 0
     def skip(self, n: int, why: str) -> None:
         """Leave ``n`` entry numbers unused before the next write, which starts with a
         ``store_lost`` marker saying ``why``: a copy of a trace whose source no longer held
-        those events (trimmed) keeps the gap a reader counts."""
-        if n > 0 and self._lost is None:
+        those events (trimmed) keeps the gap a reader counts.  Skips with no write between
+        them are one gap, their reasons joined."""
+        if n <= 0:
+            return
+        if self._lost is None:
             self._lost = (self._next, self._next + n - 1)
             self._lost_why = why
-            self._next += n
+        elif self._stating is None:  # (not being stated yet: the gap grows)
+            self._lost = (self._lost[0], self._lost[1] + n)
+            if self._lost_why is not None and why not in self._lost_why:
+                self._lost_why = f"{self._lost_why}; {why}"
+        else:
+            return
+        self._next += n
 
     def _say_lost(self) -> None:
         """Append a ``store_lost`` marker (the true cause of the gap readers will see), the
