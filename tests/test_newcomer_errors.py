@@ -51,6 +51,18 @@ def test_attach_on_a_store_that_does_not_exist_says_how_one_gets_there(tmp_path)
     drive(app, check, size=(200, 40), loaded=False)
 
 
+def test_attach_on_what_can_never_become_a_store_is_an_error_not_a_wait(tmp_path, capsys):
+    """A file, or a URL of a scheme no store has: check, replay and run refuse them, and attach
+    opened the console and waited on them for good (helper-171)."""
+    (tmp_path / "notes.txt").write_text("hi\n")
+    said = {str(tmp_path / "notes.txt"): f"{tmp_path / 'notes.txt'} is a file, not a trace store",
+            "http://x": "no trace store at http:…: a store is a directory or a redis://"}
+    for store, why in said.items():
+        assert cli(["attach", store]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"commscope attach: error: {why}"), err
+
+
 def test_attach_asked_for_read_processes_it_will_not_start_says_so(tmp_path, capsys):
     for n in ("-1", "65"):
         assert cli(["attach", "--read-processes", n, str(tmp_path)]) == 2

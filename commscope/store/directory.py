@@ -660,7 +660,9 @@ class DirectoryReader(TraceReader):
         self._wait = wait
         self.since_ns = since_ns
         self.job_dir: Path | None = resolve_job_dir(self.path)
-        if self.job_dir is None and not wait:
+        # (waiting, for a job that has not written yet: not on what can never become a store, a
+        # file or a mistyped URL; attach waited on them for good, helper-171)
+        if self.job_dir is None and (not wait or self.path.is_file() or not_a_path(os.fspath(path)) is not None):
             if not self.path.exists():
                 raise StoreError(_no_store(os.fspath(path)))
             if self.path.is_file() and self.path.name.startswith("rank-"):  # (a rank's stream)
