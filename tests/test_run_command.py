@@ -141,6 +141,25 @@ COUNTED = textwrap.dedent("""
 """)
 
 
+def test_a_run_without_a_job_id_names_the_job_it_made_to_check(tmp_path):
+    """rank 0 draws the job id: run names, after the command, the one job it made (the
+    store's newest, which check opens by itself, may be another launch's: helper-172)."""
+    import os
+
+    from commscope.launch import free_port
+
+    script = tmp_path / "counted.py"
+    script.write_text(COUNTED)
+    (tmp_path / "trace" / "older").mkdir(parents=True)
+    env = {**os.environ, "COMMSCOPE_SPOOL_DIR": str(tmp_path / "spools")}
+    run = commscope("run", "--store", "trace", "--", sys.executable, str(script), str(free_port()), "3",
+                    cwd=tmp_path, env=env)
+    made = [p for p in (tmp_path / "trace").iterdir() if p.is_dir() and p.name != "older"]
+    assert run.returncode == 0 and len(made) == 1, run.stderr
+    assert f"watch it with:  commscope attach {tmp_path / 'trace'}\n" in run.stderr, run.stderr
+    assert f"diagnose with:  commscope check {made[0]}\n" in run.stderr, run.stderr
+
+
 def test_a_run_the_store_refused_is_said_and_never_read_into_the_job_of_that_id(tmp_path):
     """A job id given to a second run: the store refuses its ranks (it holds another run under
     that id), whose records stay in their spools.  ``run`` said "diagnose with: commscope
@@ -157,6 +176,10 @@ def test_a_run_the_store_refused_is_said_and_never_read_into_the_job_of_that_id(
     first = commscope("run", "--store", "trace", "--job", "same", "--", sys.executable, str(script),
                       str(free_port()), "5", cwd=tmp_path, env=env)
     assert first.returncode == 0 and "diagnose with" in first.stderr, first.stderr
+    # (the job named: the store's newest may be another launch's, helper-172)
+    job = tmp_path / "trace" / "same"
+    assert f"watch it with:  commscope attach {job}\n" in first.stderr, first.stderr
+    assert f"diagnose with:  commscope check {job}\n" in first.stderr, first.stderr
     second = commscope("run", "--store", "trace", "--job", "same", "--", sys.executable, str(script),
                        str(free_port()), "7", cwd=tmp_path, env=env)
     assert second.returncode == 0, second.stderr

@@ -197,8 +197,10 @@ def main(args: argparse.Namespace) -> int:
     store = backend_for(store).absolute(store)  # (with its credentials: this process's environment has them not)
     shown = redact_store(store)
     before = _jobs(store)
+    # (the job named where it is known: the store's newest may be another launch's, helper-172)
+    job_shown = redact_store(backend_for(store).with_job(store, args.job)) if args.job else shown
     print(f"commscope: recording to {shown}", file=sys.stderr)
-    print(f"commscope: watch it with:  commscope attach {shown}", file=sys.stderr)
+    print(f"commscope: watch it with:  commscope attach {job_shown}", file=sys.stderr)
     _adopt_orphans()
     try:
         proc = subprocess.Popen(command, env=env)
@@ -225,7 +227,10 @@ def main(args: argparse.Namespace) -> int:
         print(f"commscope: done (exit code {code}); nothing was recorded: no process of the command called "
               "init_process_group", file=sys.stderr)
     else:
-        print(f"commscope: done (exit code {code}); diagnose with:  commscope check {shown}", file=sys.stderr)
+        made = sorted((_jobs(store) or set()) - (before or set()))
+        if not args.job and len(made) == 1:  # (the one job this run made)
+            job_shown = redact_store(backend_for(store).with_job(store, made[0]))
+        print(f"commscope: done (exit code {code}); diagnose with:  commscope check {job_shown}", file=sys.stderr)
     return code if code >= 0 else 128 - code
 
 
