@@ -1245,3 +1245,23 @@ def test_a_poll_reads_about_its_budget_however_many_streams_are_behind(redis_url
     assert all(p <= budget + ranks * reader.MIN_PAGE * entry for p in polls[1:]), polls
     assert len(polls) >= ranks * per * entry // (2 * budget + ranks * entry)
     assert seen == {r: list(range(per)) for r in range(ranks)}
+
+
+def test_a_node_refusing_to_say_whether_the_job_is_there_is_not_no_job(redis_url, capsys):
+    """A reply error where the job's keys were asked for (CLUSTERDOWN on a cluster with a node
+    down, LOADING, NOPERM) read as their absence: check said "no job" of a job that is there
+    (helper-172).  Here a user whose ACL keeps it from the job's keys."""
+    from commscope import cli
+
+    w = open_writer(redis_url, "kept", 0, job_meta={"world_size": 1})
+    w.write([E.encode({"v": 1, "type": "meta", "rank": 0, "ts": 1, "host": "h", "world_size": 1})])
+    w.close()
+    admin = redis_client(redis_url)
+    admin.execute_command("ACL", "SETUSER", "elsewhere", "on", ">pw", "~other:*", "+@all")
+    try:
+        url = redis_url.replace("redis://", "redis://elsewhere:pw@") + "?job=kept"
+        assert cli.main(["check", url]) == 2
+        err = capsys.readouterr().err
+        assert "NOPERM" in err and "no job" not in err and ":pw@" not in err, err
+    finally:
+        admin.execute_command("ACL", "DELUSER", "elsewhere")

@@ -1618,10 +1618,18 @@ _MAX_ID = (1 << 64) - 1  # a stream id's parts are unsigned 64-bit
 
 # ---------------------------------------------------------------------------- helpers
 def _layout(nodes: Nodes, job: str) -> type[Keys] | None:
-    """The key layout ``job`` was written with; None when it is not there."""
+    """The key layout ``job`` was written with; None when it is not there.  Raises the
+    ReplyError a node gave instead of an answer (``CLUSTERDOWN``, ``LOADING``, ``NOPERM``):
+    it does not say the job is not there (a job on a cluster with a node down read as "no
+    job", helper-172)."""
+    refused = None
     for keys in (Keys, LegacyKeys):
-        if any(r == 1 for r in nodes.pipeline([("EXISTS", keys.ranks(job)), ("EXISTS", keys.meta(job))])):
+        replies = nodes.pipeline([("EXISTS", keys.ranks(job)), ("EXISTS", keys.meta(job))])
+        if any(r == 1 for r in replies):
             return keys
+        refused = refused or next((r for r in replies if isinstance(r, ReplyError)), None)
+    if refused is not None:
+        raise refused
     return None
 
 
