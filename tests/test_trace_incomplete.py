@@ -320,3 +320,24 @@ def test_a_loss_is_never_folded_into_a_hang_as_its_consequence():
     found = diagnose(m, hang_after=1.0)
     assert [(f.kind, f.culprits) for f in found] == [("missing_ranks", [1]), ("trace_incomplete", [0, 1])]
     assert "trace_incomplete" not in found[0].message and not found[0].evidence.get("consequences")
+
+
+def test_a_rank_silent_through_its_masters_failover_while_its_peers_go_on_is_unsettled_not_gone():
+    """Rank 0's master failed over since its writer last wrote, and its stream went silent
+    there, while rank 1 completed collectives rank 0 took part in: rank 0 is alive (its writer
+    will say what the replica lacked when it writes again), not gone with a loss for good
+    (``lost_unknown``), as a live check read it (helper-172).  Its silence alone names it
+    dead nowhere."""
+    b = TraceBuilder(2, hang_after=1.0)
+    t = b.warmup(3)
+    b.heartbeats(b.t0, t)
+    for k in range(5):  # (collectives of both ranks: rank 0's records of them on its master, not read yet)
+        b.sync(1, t + k * 10 * MS, t + k * 10 * MS + MS, "all_reduce")
+    b.heartbeats(t, t + 10 * S, ranks=[1])
+    m = TraceModel.from_events(b.sorted_events())
+    stats = ReadStats()
+    stats.unsettled_by_rank[0] = 1
+    m.note_read_stats(stats)
+    found = diagnose(m, t + 10 * S, 1.0)
+    assert [(f.kind, f.culprits) for f in found] == [("trace_incomplete", [0])], [f.message for f in found]
+    assert found[0].evidence.to_json()["per_rank"] == {"0": {"unsettled": 1}}
