@@ -217,6 +217,20 @@ def test_the_timeline_and_rank_table_keys_work_whichever_pane_has_the_focus():
         await pilot.press("3", "s")  # the rank table's own focus, as before
         await pilot.pause()
         assert app.focused is table and table._sort_col != sort
+        # (not on a screen over the console: the demo's scenario picker, helper-174)
+        from textual.screen import Screen
+
+        app.push_screen(Screen())
+        await pilot.pause()
+        mode, only, sort = tl.mode, tl.only_findings, table._sort_col
+        await pilot.press("c", "x", "s")
+        await pilot.pause()
+        assert (tl.mode, tl.only_findings, table._sort_col) == (mode, only, sort)
+        app.pop_screen()
+        await pilot.pause()
+        await pilot.press("c")
+        await pilot.pause()
+        assert tl.mode != mode
 
     drive(app, check)
 

@@ -493,6 +493,13 @@ class CommscopeApp(App):
         if sw.current == "gpu":
             self.gpu.refresh_ranks()
 
+    #: The console's own panes' actions (bound on the app so that they work whichever pane
+    #: has the focus): not on a screen over it (the demo's scenario picker, helper-174)
+    CONSOLE_ACTIONS = frozenset({"collapse", "filter_findings", "cycle_sort"})
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        return action not in self.CONSOLE_ACTIONS or self.screen is self.screen_stack[0]
+
     def action_collapse(self) -> None:
         self.timeline.action_collapse()
 
