@@ -674,6 +674,36 @@ def test_a_rank_read_then_gone_or_unread_is_said_so(tmp_path):
     assert sorted(_errors_of(found)) == [("missing_ranks", [2]), ("trace_incomplete", [0])]
 
 
+def test_a_rank_unread_at_a_whole_later_cycle_stays_in_the_op_it_was_last_read_in(tmp_path):
+    """``attach --pid``: rank 0 read in the all_reduce, then stopped for good.  At the next
+    cycle every sample of it failed, its op ended there, and the stopped victim was named
+    missing beside the culprit (helper-174)."""
+    from commscope.analysis.diagnose import diagnose
+    from commscope.analysis.source import load_trace
+    from commscope.snapshot.take import Sample, Snapshotter
+
+    world, count, interval = 3, 3, 0.2
+    ranks = [procs.RankProcess(pid=os.getpid(), rank=r, world_size=world, local_rank=r, launcher="env", job="k",
+                               argv=("train.py",), user=None, create_time=0.0) for r in range(world)]
+    snap = Snapshotter(procs.Job("k", "env", world, ranks, list(range(world))), str(tmp_path / "s"), "j",
+                       count=count, interval=interval, native=False, use_flight=False)
+    stopped = pyspy.DumpError(pyspy.STOPPED, "pid 1 is stopped")
+    cycles = [{0: [_in_all_reduce(), _in_all_reduce(), stopped], 1: [_in_all_reduce()] * 3, 2: [_at(14)] * 3},
+              {0: [stopped] * 3, 1: [_in_all_reduce()] * 3, 2: [_at(14)] * 3}]
+    t = time.time_ns()
+    for k, rounds in enumerate(cycles, 1):
+        ts = [t + int((k * count + i) * interval * 1e9) for i in range(count)]
+        samples = {r: [Sample(ts[i], None, x, None, None, None) if isinstance(x, pyspy.DumpError)
+                       else Sample(ts[i], x, None, infer.in_flight(x), 1.0, 1 << 20) for i, x in enumerate(ss)]
+                   for r, ss in rounds.items()}
+        snap.cycles = k
+        cycle = snap._write(k, ts[0], ts[-1], samples, None)
+        assert cycle.ops[0].op == "all_reduce" and set(cycle.failed) == {0}, k
+        model, _, _ = load_trace(tmp_path / "s")
+        assert sorted(_errors_of(diagnose(model))) == [("missing_ranks", [2]), ("trace_incomplete", [0])], k
+    snap.close()
+
+
 def test_a_rank_py_spy_may_not_read_is_named_with_what_to_do(tmp_path):
     denied = pyspy.DumpError(pyspy.PERMISSION, "Operation not permitted (os error 1)")
     found = _judge(tmp_path, {0: [_in_all_reduce()] * 3, 1: [denied] * 3, 2: [_in_all_reduce()] * 3,

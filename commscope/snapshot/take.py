@@ -23,7 +23,9 @@ One *cycle* is ``count`` samples ``interval`` apart.  Each rank's stream gets:
   a zombie), its stacks read and an ``exit`` just after the last sample that read it; else
   (stopped, py-spy failing) its stacks read, the op it was last seen inside, and the
   unread ``stack`` last.  Before, it was written as in no op: a rank killed mid-snapshot,
-  or a victim stopped, and the job read healthy (helper-171).
+  or a victim stopped, and the job read healthy (helper-171).  Unread at every sample of a
+  later cycle (``attach --pid``), it stays in the op it was last read inside, that cycle's
+  instance (before, its op ended there, and the victim was named missing, helper-174).
 
 An op counts as stuck from the first sample of the run that showed it, but never from
 before a sample at which a rank outside it was seen going through that collective (inside
@@ -114,6 +116,7 @@ class Snapshotter:
         self.writers: dict[int, StoreWriter] = {}
         self.cycles = 0
         self._open: dict[int, int] = {}  # rank -> id of its op still open (from the last cycle)
+        self._last_op: dict[int, InFlight] = {}  # rank -> the op it was in at the last cycle (read, or as last read)
         self._groups: dict[int, set[str]] = {}  # rank -> groups announced in its stream
         self._procs = {p.rank: _process(p.pid) for p in job.ranks}
         self._native_ok = native
@@ -240,6 +243,8 @@ class Snapshotter:
                 if failed[rank].kind == pyspy.GONE:
                     gone.append(rank)  # it ended while the snapshot looked
                     went[rank] = ended
+                elif rank in self._open and rank in self._last_op:  # (unread this cycle: as last read, in the
+                    ops[rank], firsts[rank] = self._last_op[rank], started  # op of the cycle before; helper-174)
                 continue
             read = ss[:ss.index(ok[-1]) + 1]  # (up to its last sample read)
             if len(read) < len(ss):  # read, then not: it ended, or could no longer be read (helper-171)
@@ -333,6 +338,7 @@ class Snapshotter:
             lines = [events.encode(redact_event(e, hide)) for e in out[rank]]
             if lines:
                 self._writer(rank).write(lines)
+        self._last_op = dict(ops)
         return Cycle(k, started, ended, ops, sorted(gone), failed, sorted(fr_ranks), fr_note, backward)
 
     def _flight(self, samples: dict[int, list[Sample]], found: flight.Found | None
