@@ -83,6 +83,7 @@ def _run(pid: int, flags: list[str], exe: str | None, timeout: float) -> bytes:
     exe = exe or executable()
     if exe is None:
         raise DumpError(MISSING, INSTALL)
+    before = process_state(pid)  # (py-spy's attach and detach may let a stopped process run a moment)
     try:
         out = subprocess.run([exe, "dump", "--pid", str(pid), *flags], capture_output=True, timeout=timeout,
                              env=_env())
@@ -92,7 +93,7 @@ def _run(pid: int, flags: list[str], exe: str | None, timeout: float) -> bytes:
         raise DumpError(MISSING, f"cannot run py-spy ({exe}): {exc}") from None
     if out.returncode != 0:
         text = (out.stderr or out.stdout).decode(errors="replace").strip()
-        kind = classify(text, pid)
+        kind = classify(text, pid, before)
         said = first_line(text) or f"py-spy exited {out.returncode}"
         if kind == STOPPED:  # (py-spy says only "Failed to get stack traces")
             said = f"pid {pid} is stopped (SIGSTOP, Ctrl-Z or a debugger holds it): py-spy cannot read it"
@@ -114,16 +115,18 @@ def first_line(text: str) -> str:
     return ""
 
 
-def classify(text: str, pid: int) -> str:
+def classify(text: str, pid: int, before: str | None = None) -> str:
     """What py-spy's failure on ``pid`` means: no permission, the process gone (a zombie is:
-    it ended, its parent has not collected it), stopped, or py-spy failing."""
+    it ended, its parent has not collected it), stopped (``before``: its state before py-spy
+    ran; py-spy's detach lets a stopped process run a moment, so its state after may read
+    running: 2 of 30 dumps of one under load), or py-spy failing."""
     low = text.lower()
     if "permission denied" in low or "operation not permitted" in low or "os error 1)" in low or "os error 13" in low:
         return PERMISSION
     state = process_state(pid)
     if "no such process" in low or "os error 3)" in low or "failed to find process" in low or state in (None, "Z", "X"):
         return GONE
-    if state in ("T", "t"):
+    if state in ("T", "t") or before in ("T", "t"):
         return STOPPED
     return FAILED
 
