@@ -190,6 +190,8 @@ RawEvent = TypedDict("RawEvent", {
     # (the lines written to the stream up to the segment's end, where its meta said those before
     # it: a reader counts the lines of the segments gone by hand after it, ``_lines_gone``)
     "lines_upto": Count,
+    # (the whole lines cut off the segment's end, as the next segment's meta says them)
+    "cut": Count,
 }, total=False)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections import Counter
@@ -29,6 +30,7 @@ from commscope.bench.synthstore import JobShape, Written, write_store
 from commscope.cli import main as cli
 from commscope.store import files, inflight, open_reader, retention
 from commscope.store.directory import DirectoryWriter
+from commscope.store.files import size_of
 from commscope.store.segments import list_segments
 from commscope.tui.feed import LIVE, Feed
 from commscope.window import Since, parse_since
@@ -2251,3 +2253,81 @@ def test_segments_deleted_by_hand_before_ones_retention_deleted_count_their_line
     assert not any(s.number in (3, 4) for s in list_segments(job)[(3, 0)])
     rc, after = _skipped(store, capsys)
     assert rc == 1 and after["store_missing"] == held and after["summarized"] > 0
+
+
+def _cut_in_half(path: Path) -> int:
+    """Cut the segment at ``path`` in its middle (its last line torn): the whole lines it lost."""
+    data = path.read_bytes()
+    left = data[:len(data) // 2]
+    path.write_bytes(left)
+    return data.count(b"\n") - left.count(b"\n") - 1
+
+
+def _rank3(job: Path, number: int):
+    return next(s for s in list_segments(job)[(3, 0)] if s.number == number)
+
+
+def test_a_cut_end_is_counted_after_segments_gone_and_by_a_reader_retention_passed(tmp_path, capsys):
+    """(helper-174) A segment cut short after one gone: its cut was folded into the count of the
+    gone one (65 where 97 were lost).  A live reader that read a cut segment to its end and
+    stopped there, then retention deleted it and the next: its summary's cut was counted
+    nowhere (33 lost, 0 said).  A sample line (no ring position) cut off the end of one
+    segment: its excuse hid a block line gone from the newest segment later."""
+    from commscope.store.directory import DirectoryReader
+
+    store = str(tmp_path / "trace")
+    write_store(store, JobShape(4, 400, fault="healthy", days=7, segment_bytes=16 << 10))
+    job = Path(store) / "synthetic"
+    base = tmp_path / "base"
+    shutil.copytree(store, base)
+    # gone, then cut: both counted
+    held = _rank3(job, 2).path.read_bytes().count(b"\n")
+    _rank3(job, 2).path.unlink()
+    cut = _cut_in_half(_rank3(job, 3).path)
+    rc, skipped = _skipped(store, capsys)
+    assert rc == 1 and (skipped["damaged"], skipped["store_missing"]) == (1, held + cut), skipped
+    # a reader at the end of a cut segment when retention deletes it
+    shutil.rmtree(store)
+    shutil.copytree(base, store)
+    cut = _cut_in_half(_rank3(job, 4).path)
+    r = DirectoryReader(job)
+    left = size_of(_rank3(job, 4).path)
+    while not (r._reading.get((3, 0)) == 4 and r._read_of.get(((3, 0), 4)) == left):
+        assert r.poll(max_bytes=1) or r._reading.get((3, 0), 0) <= 4
+    assert retention.close_stream(job, 3, 0, retention.Retention(max_bytes=None, max_age_s=2 * 86400)) == 5  # (0-4)
+    r._listed = None  # (the next poll lists the directory again)
+    r.poll()
+    r.read_all()
+    assert r.stats.missing_by_rank == {3: cut} and r.stats.corrupt_by_rank == {3: 1}, r.stats.warnings
+    # a sample line cut off segment 4's end, a block line gone from the newest: two lines
+    shutil.rmtree(store)
+    shutil.copytree(base, store)
+    _rank3(job, 8).path.unlink()
+    newest = _rank3(job, 7).path.read_bytes().splitlines(keepends=True)
+    i = next(i for i in range(len(newest) // 2, len(newest) - 1) if newest[i].startswith(b'{"type":"block"'))
+    _rank3(job, 7).path.write_bytes(b"".join(newest[:i] + newest[i + 1:]))
+    lines = _rank3(job, 4).path.read_bytes().splitlines(keepends=True)
+    assert not lines[-1].startswith(b'{"type":"block"')
+    _rank3(job, 4).path.write_bytes(b"".join(lines[:-1]))
+    assert _skipped(store, capsys)[1]["store_missing"] == 2
+
+
+def test_a_segment_cut_to_nothing_after_one_an_earlier_retention_deleted_is_counted(tmp_path, capsys):
+    """The summary of a segment cut to nothing took the lines before it from the segment
+    summarized before it in the same run only: summarized by a later run, it said nothing,
+    and check said the trace looked healthy, exit 0 (helper-174).  The summary file's last
+    line says them."""
+    store = str(tmp_path / "trace")
+    write_store(store, JobShape(4, 400, fault="healthy", days=7, segment_bytes=16 << 10))
+    job = Path(store) / "synthetic"
+    segs = list_segments(job)[(3, 0)]
+    assert retention.enforce(job, 3, 0, retention.Retention(max_bytes=sum(size_of(s.path) for s in segs[4:]),
+                                                             max_age_s=None), segs) == 4
+    empty = _rank3(job, 4)
+    held = empty.path.read_bytes().count(b"\n")
+    empty.path.write_bytes(b"")
+    rc, before = _skipped(store, capsys)
+    assert rc == 1 and before["store_missing"] >= 1  # (entered at the empty oldest segment: at least said)
+    assert retention.close_stream(job, 3, 0, retention.Retention(max_bytes=None, max_age_s=2 * 86400)) >= 1
+    rc, after = _skipped(store, capsys)
+    assert rc == 1 and after["store_missing"] == held, after

@@ -193,6 +193,12 @@ class ReadStats:
         self.count_lost_lines(rank, n, f"{'a gap' if n == 1 else f'{n} gaps'} in its ring positions: {nbytes:,} "
                                        f"bytes of op records missing (a line gone from its file{where})")
 
+    def count_cut(self, rank: int, summary: Event) -> None:
+        """The lines a ``summary`` says were cut off the end of its segment (``cut``), which
+        retention deleted since."""
+        self.count_lost_lines(rank, int(summary["cut"]), f"cut off the end of segment {summary['seg']} (which "
+                                                          "retention deleted since)")
+
     def count_summary(self, rank: int, summary: Event) -> None:
         """What a ``summary`` (a segment retention deleted, which this reader never read)
         stands for: its events, and what the segment lost, as a read of it would count it."""
@@ -204,6 +210,8 @@ class ReadStats:
             self.count_lost_lines(rank, int(summary["entries"]), f"{str(summary.get('reason') or 'unknown')} ({deleted})")
         if summary.get("gaps"):
             self.count_gaps(rank, int(summary["gaps"]), int(summary.get("gap_bytes") or 0), f"; {deleted}")
+        if summary.get("cut"):
+            self.count_cut(rank, summary)
 
     def merge(self, other: ReadStats) -> None:
         """Add what another reader of other streams of the same job saw (a parallel read)."""

@@ -118,6 +118,11 @@ class StreamsRead(NamedTuple):
     #: (``DirectoryReader._gone_excuse``, ``_excused``): a reader going on counts it once
     gone_excuse: dict[Stream, int] | None = None
     excused: dict[Stream, int] | None = None
+    #: the segment each stream went on from to the next, and the one it entered passing over
+    #: segments gone (``DirectoryReader._moved_on``, ``_resync``): a reader going on counts a
+    #: cut end, and takes its lines again, as the worker would have
+    moved_on: dict[Stream, int] | None = None
+    resync: dict[Stream, int] | None = None
     #: the streams read to their ends with no line torn: their newest segment's number and
     #: size then (``DirectoryReader._tails``: a poll after it finds one quiet by its size)
     tails: dict[Stream, tuple[int, int]] | None = None

@@ -708,9 +708,13 @@ class DirectoryReader(TraceReader):
         #: (``_read_stream``): the next one's meta says the lines written before it, so those
         #: cut off the end of this one are counted (``_count_cut``)
         self._moved_on: dict[Stream, int] = {}
-        #: the streams whose lines read fell behind their writers' count, by segments passed
-        #: over as gone (counted with them): the next ``_count_cut`` takes its count again
-        self._passed_gone: set[Stream] = set()
+        #: per stream, the segment it entered passing over segments gone (counted with them,
+        #: ``_count_segments_gone``): its lines read fell behind, and are taken again from that
+        #: segment's meta when it is read from its start (``_read_segment``)
+        self._resync: dict[Stream, int] = {}
+        #: the segments whose cut end this reader counted (``_count_cut``): their summaries'
+        #: ``cut`` is not counted again (``_read_summaries``)
+        self._cut_counted: set[tuple[Stream, int]] = set()
         #: per stream, the segment numbers below this are counted as gone (``_count_segments_gone``),
         #: or by a writer's ``store_lost`` marker (``_count_store_lost``)
         self._gone_upto: dict[Stream, int] = {}
@@ -1346,11 +1350,14 @@ class DirectoryReader(TraceReader):
                     self.stats.uncount_skipped(stream[0], size)
                 self.stats.count_summary(stream[0], e)
                 out.append(e)
-            elif read < size:
-                lost = round(events * (size - read) / size)
-                self.stats.count_missing(stream[0], lost)
-                self.stats.warnings.append(f"rank {stream[0]}: retention deleted segment {seg} while this reader "
-                                           f"was reading it: about {lost:,} of its {events:,} events not read")
+            else:
+                if read < size:
+                    lost = round(events * (size - read) / size)
+                    self.stats.count_missing(stream[0], lost)
+                    self.stats.warnings.append(f"rank {stream[0]}: retention deleted segment {seg} while this "
+                                               f"reader was reading it: about {lost:,} of its {events:,} events not read")
+                if e.get("cut") and key not in self._cut_counted:  # (its end cut off: not counted on the way on)
+                    self.stats.count_cut(stream[0], e)
         return out
 
     def _restarted(self) -> dict[int, list[Stream]]:
@@ -1617,7 +1624,7 @@ class DirectoryReader(TraceReader):
             data = read_from(prev.path, 0, size_of(prev.path))
         except OSError:
             return None
-        return before + count_lines(data, len(data))
+        return before + count_lines(data, len(data)) + (bool(data) and not data.endswith(b"\n"))  # (a torn last line)
 
     #: The bytes of a segment's head read for its meta's ``lines_before`` (``_lines_before_segment``)
     HEAD_BYTES = 1 << 16
@@ -1685,7 +1692,7 @@ class DirectoryReader(TraceReader):
             if newer.number == cur.number + 1:
                 self._moved_on[stream] = cur.number
             else:  # (the lines of those gone between are counted with them, at the end: not read here)
-                self._passed_gone.add(stream)
+                self._resync[stream] = newer.number
             self._reading[stream] = newer.number
             self._partial[stream] = False
 
@@ -1759,6 +1766,11 @@ class DirectoryReader(TraceReader):
                 self._rebased_at[stream] = Rebased(key[1], before)
         flushed = self._count_cut(stream, key[1] - 1, data) if not offset and self._moved_on.get(stream) == key[1] - 1 \
             else []
+        if not offset and self._resync.get(stream) == key[1]:
+            del self._resync[stream]
+            before = segments.lines_before(data) if self._position(stream) is not None else None
+            if before is not None:
+                self._lines_read[stream] = before
         if not offset and cut and inflight.starts_again(data):
             events = self._started_again(stream, data[:cut], cut)
         else:
@@ -1783,7 +1795,7 @@ class DirectoryReader(TraceReader):
             self._last_read[key] = data[end - self.SAME_FILE_BYTES:end]
         return events, cut, at_end
 
-    def _count_cut(self, stream: Stream, number: int, head: bytes) -> None:
+    def _count_cut(self, stream: Stream, number: int, head: bytes) -> list[Event]:
         """The lines cut off the end of segment ``number`` of ``stream``, which this reader
         read to its end (``_moved_on``): the next one's meta says the lines written before
         it (``segments.lines_before``), and those past the lines read are lost.  The gap in
@@ -1792,15 +1804,13 @@ class DirectoryReader(TraceReader):
         truncated to nothing as one line (its gap): 34 and 65 lines were gone (helper-173).
         Lines gone inside it are its gaps, counted as they are read (``_account``): where its
         chunks wait to be decoded together, they are decoded first, and their events
-        returned (to come before this segment's)."""
+        returned (to come before this segment's).  The gap the cut leaves in the ring
+        positions is at this segment's first block: the ring is opened there (an excuse for
+        the next gap anywhere hid a later one where the lines cut held no block, helper-174)."""
         del self._moved_on[stream]
         read = self._position(stream)
         before = segments.lines_before(head) if read is not None else None
         if before is None or read is None or before <= read:
-            return []
-        if stream in self._passed_gone:  # (behind by the lines of segments gone, counted with them)
-            self._passed_gone.discard(stream)
-            self._lines_read[stream] = before
             return []
         flushed: list[Event] = []
         if self._queued and stream in self._queued:
@@ -1813,7 +1823,8 @@ class DirectoryReader(TraceReader):
                                     f"segment's meta says {before:,} line(s) were written before it; {read:,} read "
                                     "or counted lost)")
         self._lines_read[stream] = before
-        self._gone_excuse[stream] = self._gone_excuse.get(stream, 0) + 1
+        self._cut_counted.add((stream, number))
+        self._decoder(stream).ring_open = True
         return flushed
 
     #: The bytes a segment's read ends with that its next read reads again: where they differ,
@@ -2134,6 +2145,8 @@ class DirectoryReader(TraceReader):
         self._unlisted.update(got.unlisted or {})
         self._gone_excuse.update(got.gone_excuse or {})
         self._excused.update(got.excused or {})
+        self._moved_on.update(got.moved_on or {})
+        self._resync.update(got.resync or {})
         for stream, st in got.decoders.items():
             decoder = self._decoder(stream)
             decoder.adopt(st.names, st.dtypes, st.seen_end, st.groups, st.sites, st.waiting)
@@ -2159,6 +2172,8 @@ def read_streams(job: Job) -> StreamsRead:
                        rebased_at=dict(r._rebased_at) if going_on else None,
                        unlisted=dict(r._unlisted) if going_on else None,
                        gone_excuse=dict(r._gone_excuse), excused=dict(r._excused),
+                       moved_on=dict(r._moved_on) if going_on else None,
+                       resync=dict(r._resync) if going_on else None,
                        tails={stream: (seg.number, size) for stream, (seg, _path, size) in r._tails.items()})
 
 

@@ -303,7 +303,7 @@ def summarize(path: Path, rank: int, number: int, carried_in: bytes = b"", lines
             "last_ns": last, "events": got.events, "size": len(data), "ops": rows.rows(),
             **({"carried": carried} if carried else {}), **({"unissued_ids": unissued} if unissued else {}),
             **({"lines_before": before, "lines_upto": upto} if before is not None else {}),
-            **_lost(got.losses, torn, max(0, cut), number)}
+            **_lost(got.losses, torn, max(0, cut))}
 
 
 def counted(summary: dict, read_upto: int = -1) -> dict:
@@ -343,17 +343,15 @@ def completions(summary: dict, read_upto: int, ids: range = ANY_ID) -> list[dict
             if op.id <= read_upto and op.done_phase and op.id in ids]
 
 
-def _lost(losses: inflight.Losses | None, torn: bool = False, cut: int = 0, number: int = 0) -> dict:
+def _lost(losses: inflight.Losses | None, torn: bool = False, cut: int = 0) -> dict:
     """A summary's keys for what its segment lost (none where it lost nothing), so a reader
     that never reads the segment counts it as a read of it would: damaged lines (its last
     one ``torn``: cut in two), invalid events by reason (a reason the schema would not take
-    as one is "other"), the lines the store lost and why (``cut``: whole lines gone from its
-    end, as ``DirectoryReader._count_cut`` counts them), the gaps in its ring positions
+    as one is "other"), the lines the store lost and why, the whole lines gone from its end
+    (``cut``, as ``DirectoryReader._count_cut`` counts them), the gaps in its ring positions
     (lines gone from its file) and their bytes of op records.  Before, a segment cut short
     was summarized as whole: the trace it left read healthy (helper-173)."""
-    out: dict = {}
-    if cut:
-        out |= {"entries": cut, "reason": f"cut off the end of segment {number}"}
+    out: dict = {"cut": cut} if cut else {}
     if losses is None:
         return out | ({"damaged": 1} if torn else {})
     if losses.damaged + torn:
@@ -365,8 +363,7 @@ def _lost(losses: inflight.Losses | None, torn: bool = False, cut: int = 0, numb
     if invalid:
         out["invalid"] = dict(invalid)
     if losses.entries:
-        out |= {"entries": losses.entries + cut, "reason": losses.reason + (f"; and {cut:,} line(s) cut off the end "
-                                                                             f"of segment {number}" if cut else "")}
+        out |= {"entries": losses.entries, "reason": losses.reason}
     if losses.gaps:
         out |= {"gaps": len(losses.gaps), "gap_bytes": sum(losses.gaps)}
     return out
@@ -405,10 +402,10 @@ def enforce(directory: Path, rank: int, incarnation: int, retain: Retention, seg
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             return 0
-        done = _last_summarized(summary)
+        done, upto = _last_summarized(summary)
+        upto_seg = done  # (the lines written to the end of the segment summarized last: one cut to nothing after it)
         # (segments are numbered one after the other: each one's carry is the next one's before)
         before = _carried(directory, stream, drop[0].number - 1) if drop[0].number > 0 else b""
-        upto = None  # (the lines written to the end of the segment summarized last)
         after = {s.number: s for s in segs}
         for seg in drop:
             out = _carried(directory, stream, seg.number)
@@ -419,10 +416,10 @@ def enforce(directory: Path, rank: int, incarnation: int, retain: Retention, seg
                 try:
                     said = summarize(seg.path, rank, seg.number, before or b"",
                                      lines_after=_lines_before_of(nxt.path) if nxt is not None else None,
-                                     lines_before_it=upto)
+                                     lines_before_it=upto if upto_seg == seg.number - 1 else None)
                 except OSError:
                     break
-                upto = said.get("lines_upto")
+                upto, upto_seg = said.get("lines_upto"), seg.number
                 line = orjson.dumps(said) + b"\n"
                 os.write(lock, line)
                 os.fsync(lock)
@@ -458,13 +455,15 @@ def _carried(directory: Path, stream: tuple[int, int], number: int) -> bytes | N
 
 
 _SEG = re.compile(rb'"seg":(\d+)')
+_UPTO = re.compile(rb'"lines_upto":(\d+)')
 
 
-def _last_summarized(summary: Path) -> int:
-    """The newest segment a stream's summary file stands for (-1: none).  Segments are
-    summarized oldest first, each before it is deleted, so every one left up to it is
-    summarized.  Read from the end (the file grows for as long as the job runs): the last
-    complete line's ``seg`` (a line a killed child left incomplete stands for nothing)."""
+def _last_summarized(summary: Path) -> tuple[int, int | None]:
+    """The newest segment a stream's summary file stands for (-1: none), and the lines
+    written to its end (``lines_upto``; None: not said).  Segments are summarized oldest
+    first, each before it is deleted, so every one left up to it is summarized.  Read from
+    the end (the file grows for as long as the job runs): the last complete line's (a line
+    a killed child left incomplete stands for nothing)."""
     size = size_of(summary)
     tail = 1 << 16
     while True:
@@ -472,12 +471,14 @@ def _last_summarized(summary: Path) -> int:
         try:
             data = read_from(summary, start, size - start)
         except OSError:
-            return -1
-        found = _SEG.findall(data, 0, data.rfind(b"\n") + 1)
+            return -1, None
+        end = data.rfind(b"\n") + 1
+        found = _SEG.findall(data, 0, end)
         if found:
-            return int(found[-1])
+            upto = _UPTO.search(data, data.rfind(b"\n", 0, end - 1) + 1, end)
+            return int(found[-1]), int(upto.group(1)) if upto else None
         if start == 0:
-            return -1
+            return -1, None
         tail *= 16
 
 
