@@ -63,6 +63,15 @@ def test_attach_on_what_can_never_become_a_store_is_an_error_not_a_wait(tmp_path
         assert err.startswith(f"commscope attach: error: {why}"), err
 
 
+def test_run_refuses_an_empty_retention_limit_and_says_the_one_it_keeps(tmp_path, capsys):
+    """``--retain ""`` applied the default unsaid; run said no limit at all (helper-173)."""
+    assert cli(["run", "--store", str(tmp_path / "t"), "--retain", "", "--", "true"]) == 2
+    assert "--retain: cannot read ''" in capsys.readouterr().err
+    assert cli(["run", "--store", str(tmp_path / "t"), "--retain", "2GiB,7d", "--", "true"]) == 0
+    err = capsys.readouterr().err
+    assert f"recording to {tmp_path / 't'} (keeping 2.0 GiB per rank, 168 h of each rank's history" in err, err
+
+
 def test_attach_asked_for_read_processes_it_will_not_start_says_so(tmp_path, capsys):
     for n in ("-1", "65"):
         assert cli(["attach", "--read-processes", n, str(tmp_path)]) == 2

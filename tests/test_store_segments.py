@@ -348,12 +348,25 @@ def test_memory_sizes_take_m_alone_as_mib():
 
 @pytest.mark.parametrize("text, why", [("lots", "cannot read"), ("5 parsecs", "unknown unit"),
                                        ("10KB", "at least 1 MiB"), ("30m", "a size or an age? write 30MiB or 30min"),
-                                       ("0s", "an age above 0"), ("2GiB,1GiB", "two sizes"), ("1d,2h", "two ages")])
+                                       ("0s", "an age of 1 s or more"), ("0.00001s", "an age of 1 s or more"),
+                                       ("2GiB,1GiB", "two sizes"), ("1d,2h", "two ages"), ("", "cannot read")])
 def test_retention_limits_that_make_no_sense_are_refused(text, why):
     """(helper-166) "30m" kept 30 MiB a rank where --since reads 30 minutes; "0s" kept only the
-    segment being written; "2GiB,1GiB" kept the last silently."""
+    segment being written; "2GiB,1GiB" kept the last silently.  (helper-173) "0.00001s" was
+    taken, written for the child as "1e-05s", which it refused: nothing bounded."""
     with pytest.raises(ValueError, match=why.replace("?", r"\?")):
         retention.parse(text)
+
+
+@pytest.mark.parametrize("text", ["99999999999999999d", "1.5s", "2GiB,7d", "90min", "1s"])
+def test_a_retention_limit_reaches_the_child_as_it_reads_it(text, monkeypatch):
+    """The writer's child is given the limit as a spec ``parse`` reads back the same: an age
+    was written with an exponent (8.64e+21s) it refused (helper-173)."""
+    got = []
+    monkeypatch.setattr(retention.children, "start", lambda *args: got.append(args[-1]))
+    limit = retention.parse(text)
+    retention.spawn(Path("/nowhere"), 0, 0, limit)
+    assert retention.parse(got[0]) == limit and "e" not in got[0].lower().replace("b", ""), got
 
 
 def test_a_segment_name_carries_its_start_so_a_window_opens_none_before_it(tmp_path, monkeypatch):

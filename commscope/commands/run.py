@@ -105,7 +105,7 @@ def build_env(args: argparse.Namespace, base: dict[str, str] | None = None, nati
         env[ENV_SHARE] = "1"
     for flag, parse, name in _STORE_SETTINGS:
         value = getattr(args, flag, None)
-        if value:
+        if value is not None:  # (an empty one is refused: the default applied, unsaid, helper-173)
             try:
                 parse(value)
             except ValueError as exc:
@@ -199,7 +199,7 @@ def main(args: argparse.Namespace) -> int:
     before = _jobs(store)
     # (the job named where it is known: the store's newest may be another launch's, helper-172)
     job_shown = redact_store(backend_for(store).with_job(store, args.job)) if args.job else shown
-    print(f"commscope: recording to {shown}", file=sys.stderr)
+    print(f"commscope: recording to {shown}{_kept(env) if backend_for(store).local else ''}", file=sys.stderr)
     print(f"commscope: watch it with:  commscope attach {job_shown}", file=sys.stderr)
     _adopt_orphans()
     try:
@@ -232,6 +232,17 @@ def main(args: argparse.Namespace) -> int:
             job_shown = redact_store(backend_for(store).with_job(store, made[0]))
         print(f"commscope: done (exit code {code}); diagnose with:  commscope check {job_shown}", file=sys.stderr)
     return code if code >= 0 else 128 - code
+
+
+def _kept(env: dict[str, str]) -> str:
+    """What a directory store keeps of each rank's history, as its writers will read it
+    (``retention.from_env``: a value they cannot read keeps everything)."""
+    text = env.get(retention.ENV_RETAIN, "").strip()
+    try:
+        limit = retention.parse(text) if text else retention.DEFAULT
+    except ValueError:
+        limit = retention.NONE
+    return f" (keeping {limit.describe()} of each rank's history: --retain)"
 
 
 def _adopt_orphans() -> None:

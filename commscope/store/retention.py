@@ -114,8 +114,9 @@ def parse(text: str) -> Retention:
         elif unit in DURATION_UNITS:
             if max_age is not None:
                 raise ValueError(f"two ages in {text!r}: give one size, one age, or one of each")
-            if n <= 0:
-                raise ValueError(f"{part.strip()!r}: an age above 0 (0 would keep only the segment being written)")
+            if n * DURATION_UNITS[unit] < 1:
+                raise ValueError(f"{part.strip()!r}: an age of 1 s or more (0 would keep only the segment being "
+                                 "written)")
             max_age = n * DURATION_UNITS[unit]
         else:
             raise ValueError(f"unknown unit {unit!r} in {part.strip()!r}: sizes B, KB, MB, GB, KiB, MiB, GiB "
@@ -482,11 +483,17 @@ def _last_summarized(summary: Path) -> tuple[int, int | None]:
         tail *= 16
 
 
+def _plain(seconds: float) -> str:
+    """``seconds`` as ``parse`` reads them back: no exponent (``1e-05s``, ``8.64e+21s`` were
+    written for ages ``--retain`` took, and the child refused them: nothing bounded, helper-173)."""
+    return format(seconds, "f").rstrip("0").rstrip(".")
+
+
 def spawn(directory: Path, rank: int, incarnation: int, retain: Retention) -> subprocess.Popen | None:
     """Run ``close_stream`` in a child process at the lowest priority (the writer's rank
     never does the work); None when it cannot be started."""
     spec = ",".join(x for x in (f"{retain.max_bytes}B" if retain.max_bytes is not None else "",
-                                f"{retain.max_age_s}s" if retain.max_age_s is not None else "") if x)
+                                f"{_plain(retain.max_age_s)}s" if retain.max_age_s is not None else "") if x)
     return children.start("commscope.store.retention", str(directory), str(rank), str(incarnation), spec)
 
 
