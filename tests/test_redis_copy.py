@@ -159,3 +159,40 @@ def test_a_copy_of_a_retained_trace_counts_what_retention_summarized(redis_url, 
     assert [(f["kind"], f["culprits"]) for f in copied["findings"]] == [
         (f["kind"], f["culprits"]) for f in source["findings"]] == [("missing_ranks", [shape.culprit_rank])]
     assert any(w.startswith("retention summarized") for w in copied["warnings"]), copied["warnings"]
+
+
+def test_a_directory_trace_s_store_lost_marker_copied_into_redis_counts_what_was_lost(redis_url, tmp_path, capsys):
+    """A directory writer's ``store_lost`` marker says every line it wrote before it (its
+    reader counts those it had not read); copied into Redis as a gap of that many entries,
+    check counted 607 lost where 41 were (helper-175).  Into Redis, the gap is what the
+    source's reader counted, and a Redis copy of that copy says the same."""
+    import json
+
+    from commscope.store.directory import DirectoryWriter
+    from commscope.store.retention import Retention
+
+    root = tmp_path / "trace"
+    w = DirectoryWriter(root, "lost", 0, {"world_size": 1}, segment_bytes=16 << 10, closer=False,
+                        retain=Retention(None, None))
+    w.write([E.encode({"v": 1, "type": "meta", "rank": 0, "ts": 1, "host": "h", "world_size": 1})])
+    for i in range(1, 401):
+        w.write([E.encode({"v": 1, "type": "op", "rank": 0, "ts": 10 + 2 * i, "phase": "begin", "id": i,
+                           "op": "all_reduce", "group": "0", "seq": i}),
+                 E.encode({"v": 1, "type": "op", "rank": 0, "ts": 11 + 2 * i, "phase": "end", "id": i})])
+        if i == 250:
+            w.path.unlink()  # (the file being written, by hand: the writer starts it again with a marker)
+    w.close()
+
+    def missing(target: str) -> int:
+        assert cli.main(["check", target, "--json"]) == 1
+        return json.loads(capsys.readouterr().out)["skipped"]["store_missing"]
+
+    lost = missing(str(root / "lost"))
+    assert 0 < lost < 500
+    base, db = redis_url.rsplit("/", 1)
+    other = f"{base}/{int(db) % 63 + 1}"
+    redis_client(other).flushdb()
+    assert cli.main(["copy", str(root / "lost"), redis_url, "--job", "c1", "-q"]) == 0
+    assert missing(redis_url + "?job=c1") == lost
+    assert cli.main(["copy", redis_url + "?job=c1", other, "--job", "c2", "-q"]) == 0
+    assert missing(other + "?job=c2") == lost

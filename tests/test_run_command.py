@@ -178,7 +178,6 @@ def test_a_run_the_store_refused_is_said_and_never_read_into_the_job_of_that_id(
     assert first.returncode == 0 and "diagnose with" in first.stderr, first.stderr
     # (the job named: the store's newest may be another launch's, helper-172)
     job = tmp_path / "trace" / "same"
-    assert f"watch it with:  commscope attach {job}\n" in first.stderr, first.stderr
     assert f"diagnose with:  commscope check {job}\n" in first.stderr, first.stderr
     second = commscope("run", "--store", "trace", "--job", "same", "--", sys.executable, str(script),
                        str(free_port()), "7", cwd=tmp_path, env=env)
@@ -421,3 +420,13 @@ def test_a_store_password_holding_a_space_is_never_printed(tmp_path):
     said = p.stdout + p.stderr
     assert "diagnose with:  commscope check redis://***@127.0.0.1:1/0" in said, said[-2000:]
     assert "Pw 1234" not in said and "1234-spaced" not in said
+
+
+def test_run_names_the_newest_attempt_of_its_job_to_check():
+    """torchrun's restarts record ``JOB-aN``; check reads the attempts before the one it
+    opens: naming ``JOB`` read attempt 0 alone (helper-175)."""
+    from commscope.commands.run import _made
+
+    assert _made("x", {"x", "x-a1", "x-a2", "x-a10", "y", "x-ab"}) == "x-a10"
+    assert _made("x", {"x"}) == "x" and _made("x", {"y"}) is None
+    assert _made(None, {"y"}) == "y" and _made(None, {"y", "z"}) is None and _made(None, set()) is None

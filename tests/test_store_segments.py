@@ -2344,3 +2344,20 @@ def test_a_segment_cut_to_nothing_after_one_an_earlier_retention_deleted_is_coun
     assert retention.close_stream(job, 3, 0, retention.Retention(max_bytes=None, max_age_s=2 * 86400)) >= 1
     rc, after = _skipped(store, capsys)
     assert rc == 1 and after["store_missing"] == held, after
+
+
+def test_a_torn_cut_does_not_hide_a_block_line_gone_from_the_next_segment(tmp_path, capsys):
+    """Segment 6 cut in its middle (its last line torn), a block line gone from the newest:
+    the torn line's excuse, meant for the gap the cut leaves (the ring is opened there now),
+    hid the next one (33 where 34 were lost, helper-175)."""
+    store = str(tmp_path / "trace")
+    write_store(store, JobShape(4, 400, fault="healthy", days=7, segment_bytes=16 << 10))
+    job = Path(store) / "synthetic"
+    _rank3(job, 8).path.unlink()
+    cut = _cut_in_half(_rank3(job, 6).path)
+    lines = _rank3(job, 7).path.read_bytes().splitlines(keepends=True)
+    blocks = [i for i in range(1, len(lines) - 1) if lines[i].startswith(b'{"type":"block"')]
+    i = blocks[len(blocks) // 2]
+    _rank3(job, 7).path.write_bytes(b"".join(lines[:i] + lines[i + 1:]))
+    rc, skipped = _skipped(store, capsys)
+    assert rc == 1 and (skipped["damaged"], skipped["store_missing"]) == (1, cut + 1), skipped

@@ -94,19 +94,17 @@ def _write(w: StoreWriter, lines: list[bytes]) -> None:
         w.write(lines[k:k + WRITE_LINES])
 
 
-def _write_gaps(w: RedisWriter, lines: list[bytes], losses: dict[int, Event]) -> None:
-    """``lines`` into a Redis stream, each ``store_lost`` marker among them (``losses``, by
-    its index) made a gap in its entry numbers, as the loss it says is on Redis
-    (``RedisWriter.skip``: a Redis reader counts gaps, not markers).  Before, a directory
-    copy of a trimmed Redis trace copied into Redis again held its marker as an entry with no
-    gap after it, and check said the trace looked healthy, exit 0 (helper-172)."""
-    start = 0
-    for at in sorted(losses):
-        _write(w, lines[start:at])
-        marker = losses[at]
-        w.skip(int(marker.get("entries") or 0), str(marker.get("reason") or "")[len(STORE_LOST) + 2:])
-        start = at + 1
-    _write(w, lines[start:])
+def _lost_why(src: TraceReader, gap: int, marker: Event | None) -> str:
+    """Why the copy lacks ``gap`` entries of a rank: its source's marker's reason, else what
+    the source's reader found.  (A directory copy of a trimmed Redis trace, copied into Redis
+    again, held its marker as an entry with no gap, and check said healthy, helper-172.)"""
+    if marker is not None:
+        return str(marker.get("reason") or "")[len(STORE_LOST) + 2:]
+    if isinstance(src, RedisReader):
+        return (f"the source of this copy ({redact(src.description)}) no longer held {gap} events of this rank "
+                "(trimmed by maxlen, or lost by Redis) when it was copied")
+    return (f"the source of this copy ({redact(src.description)}) had lost {gap} line(s) of this rank's stream "
+            "when it was copied (its check says why)")
 
 
 def copy_trace(src: TraceReader, dst: str, job: str, meta: dict, progress: Any = None, task: Any = None,
@@ -120,9 +118,15 @@ def copy_trace(src: TraceReader, dst: str, job: str, meta: dict, progress: Any =
     encode = events.encode
     # What a Redis source no longer held (trimmed by maxlen, deleted) is a gap in its entry
     # numbers, which a copy's numbering would close: it is said in the copy as a ``store_lost``
-    # marker (a gap of its own in a Redis destination), so check on the copy counts the loss too.
-    # (A source's own markers are copied as they are; a directory source's gaps travel with it.)
-    gaps = isinstance(src, RedisReader)
+    # marker, so check on the copy counts the loss too.  (A directory copy keeps a source's own
+    # markers as they are, and a directory source's gaps travel with it.)  Into Redis, whose
+    # readers count gaps in entry numbers and neither markers nor ring positions, every loss
+    # the source's reader counted of a rank is a gap of as many entries (``RedisWriter.skip``),
+    # where the rank's first marker of the page was, else before its events: a directory
+    # marker's ``entries`` are every line its writer wrote before it, not what was lost
+    # (copied as they were, 607 were counted where 41 were lost, helper-175).
+    to_redis = not backend_for(dst).local
+    gaps = isinstance(src, RedisReader) or to_redis
     seen_missing: dict[int, int] = {}
     try:
         done_reading = False
@@ -137,11 +141,13 @@ def copy_trace(src: TraceReader, dst: str, job: str, meta: dict, progress: Any =
                     break
             by_rank: dict[int, list[bytes]] = {}
             said: dict[int, int] = {}  # entries the page's own store_lost markers account for
-            losses: dict[int, dict[int, Event]] = {}  # rank -> where in its lines a store_lost marker is
+            losses: dict[int, dict[int, Event]] = {}  # rank -> where its first store_lost marker was (into Redis)
             for ev in page:
                 lines = by_rank.setdefault(ev["rank"], [])
                 if ev["type"] == "dropped" and said_by_store(ev):
-                    losses.setdefault(ev["rank"], {})[len(lines)] = ev
+                    if to_redis:  # (a gap there: the first marker's place and reason)
+                        losses.setdefault(ev["rank"], {}).setdefault(len(lines), ev)
+                        continue
                     if gaps:
                         said[ev["rank"]] = said.get(ev["rank"], 0) + int(ev.get("entries") or 0)
                 lines.append(encode(ev))
@@ -157,20 +163,21 @@ def copy_trace(src: TraceReader, dst: str, job: str, meta: dict, progress: Any =
                         w.marks = "inline"  # and no keyframes: a keeper's pace would mean nothing in it)
                         w.keyframe_s = None
                 lines = by_rank[rank]
+                gap = 0
                 if gaps:
                     missing = src.stats.missing_by_rank.get(rank, 0)
                     gap = missing - seen_missing.get(rank, 0) - said.get(rank, 0)
                     seen_missing[rank] = missing
+                marker = next(iter(losses[rank].items()), None) if rank in losses else None
+                if isinstance(w, RedisWriter):
+                    at = marker[0] if marker is not None else 0
+                    _write(w, lines[:at])
                     if gap > 0:
-                        why = (f"the source of this copy ({redact(src.description)}) no longer held {gap} events "
-                               "of this rank (trimmed by maxlen, or lost by Redis) when it was copied")
-                        if isinstance(w, RedisWriter):
-                            w.skip(gap, why)
-                        else:
-                            lines = [store_lost(rank, gap, why)] + lines
-                if isinstance(w, RedisWriter) and rank in losses:
-                    _write_gaps(w, lines, losses[rank])
+                        w.skip(gap, _lost_why(src, gap, marker[1] if marker is not None else None))
+                    _write(w, lines[at:])
                 else:
+                    if gap > 0:
+                        lines = [store_lost(rank, gap, _lost_why(src, gap, None))] + lines
                     _write(w, lines)
                 copied[rank] = copied.get(rank, 0) + len(by_rank[rank])  # (the source's events)
             if progress is not None:

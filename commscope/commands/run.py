@@ -197,10 +197,8 @@ def main(args: argparse.Namespace) -> int:
     store = backend_for(store).absolute(store)  # (with its credentials: this process's environment has them not)
     shown = redact_store(store)
     before = _jobs(store)
-    # (the job named where it is known: the store's newest may be another launch's, helper-172)
-    job_shown = redact_store(backend_for(store).with_job(store, args.job)) if args.job else shown
     print(f"commscope: recording to {shown}{_kept(env) if backend_for(store).local else ''}", file=sys.stderr)
-    print(f"commscope: watch it with:  commscope attach {job_shown}", file=sys.stderr)
+    print(f"commscope: watch it with:  commscope attach {shown}", file=sys.stderr)
     _adopt_orphans()
     try:
         proc = subprocess.Popen(command, env=env)
@@ -227,11 +225,23 @@ def main(args: argparse.Namespace) -> int:
         print(f"commscope: done (exit code {code}); nothing was recorded: no process of the command called "
               "init_process_group", file=sys.stderr)
     else:
-        made = sorted((_jobs(store) or set()) - (before or set()))
-        if not args.job and len(made) == 1:  # (the one job this run made)
-            job_shown = redact_store(backend_for(store).with_job(store, made[0]))
+        made = _made(args.job, (_jobs(store) or set()) - (before or set()))
+        job_shown = redact_store(backend_for(store).with_job(store, made)) if made else shown
         print(f"commscope: done (exit code {code}); diagnose with:  commscope check {job_shown}", file=sys.stderr)
     return code if code >= 0 else 128 - code
+
+
+def _made(job: str | None, new: set[str]) -> str | None:
+    """The job a run's ``check`` names, of the ``new`` jobs a directory store holds since it
+    began: ``--job``'s newest attempt (torchrun's restarts record ``JOB-aN``; check reads the
+    attempts before the one it opens, never after: naming ``JOB`` read attempt 0 alone,
+    helper-175), else the one job it made; None where that is not known (a bare store then
+    opens its newest job, which may be another launch's: helper-172)."""
+    if job is not None:
+        tries = [(0, j) for j in new if j == job] + [
+            (int(j[len(job) + 2:]), j) for j in new if j.startswith(f"{job}-a") and j[len(job) + 2:].isdigit()]
+        return max(tries)[1] if tries else None
+    return next(iter(new)) if len(new) == 1 else None
 
 
 def _kept(env: dict[str, str]) -> str:

@@ -123,6 +123,9 @@ class StreamsRead(NamedTuple):
     #: cut end, and takes its lines again, as the worker would have
     moved_on: dict[Stream, int] | None = None
     resync: dict[Stream, int] | None = None
+    #: the segments whose cut end it counted (``DirectoryReader._cut_counted``): not again
+    #: from their summaries once retention deletes them
+    cut_counted: frozenset[tuple[Stream, int]] | None = None
     #: the streams read to their ends with no line torn: their newest segment's number and
     #: size then (``DirectoryReader._tails``: a poll after it finds one quiet by its size)
     tails: dict[Stream, tuple[int, int]] | None = None

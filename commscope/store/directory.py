@@ -1357,6 +1357,7 @@ class DirectoryReader(TraceReader):
                     self.stats.warnings.append(f"rank {stream[0]}: retention deleted segment {seg} while this "
                                                f"reader was reading it: about {lost:,} of its {events:,} events not read")
                 if e.get("cut") and key not in self._cut_counted:  # (its end cut off: not counted on the way on)
+                    self._cut_counted.add(key)
                     self.stats.count_cut(stream[0], e)
         return out
 
@@ -1812,6 +1813,11 @@ class DirectoryReader(TraceReader):
         before = segments.lines_before(head) if read is not None else None
         if before is None or read is None or before <= read:
             return []
+        if (stream, number) in self._cut_counted:  # (its summary's ``cut`` counted them: helper-175)
+            self._lines_read[stream] = before
+            self._decoder(stream).ring_open = True
+            self._excused.pop(stream, None)
+            return []
         flushed: list[Event] = []
         if self._queued and stream in self._queued:
             flushed = self.decode_queued()
@@ -1825,6 +1831,7 @@ class DirectoryReader(TraceReader):
         self._lines_read[stream] = before
         self._cut_counted.add((stream, number))
         self._decoder(stream).ring_open = True
+        self._excused.pop(stream, None)  # (a torn last line's excuse was for that gap: none now, helper-175)
         return flushed
 
     #: The bytes a segment's read ends with that its next read reads again: where they differ,
@@ -2147,6 +2154,7 @@ class DirectoryReader(TraceReader):
         self._excused.update(got.excused or {})
         self._moved_on.update(got.moved_on or {})
         self._resync.update(got.resync or {})
+        self._cut_counted.update(got.cut_counted or ())
         for stream, st in got.decoders.items():
             decoder = self._decoder(stream)
             decoder.adopt(st.names, st.dtypes, st.seen_end, st.groups, st.sites, st.waiting)
@@ -2174,6 +2182,7 @@ def read_streams(job: Job) -> StreamsRead:
                        gone_excuse=dict(r._gone_excuse), excused=dict(r._excused),
                        moved_on=dict(r._moved_on) if going_on else None,
                        resync=dict(r._resync) if going_on else None,
+                       cut_counted=frozenset(r._cut_counted) if going_on else None,
                        tails={stream: (seg.number, size) for stream, (seg, _path, size) in r._tails.items()})
 
 

@@ -840,6 +840,7 @@ class RedisReader(TraceReader):
         # not the store holds other jobs; forwarded, it is dated by its ranks' start, so the
         # newest job is still the newest: helper-163 found check reading the one before)
         self._orphans()
+        self._wait = wait
         self.job_id: str | None = self._find_job()
         evicting = evicting_policy(self._nodes)
         if self.job_id is None and not wait:
@@ -929,6 +930,8 @@ class RedisReader(TraceReader):
             if newest:
                 self.keys = _layout(nodes, newest[0]) or Keys
         except ReplyError as exc:
+            if getattr(self, "_wait", False) and str(exc).startswith(PASSING):  # (a console waits on, as it
+                return None  # waits for a job not there yet; helper-175)
             raise StoreError(f"cannot read {self._shown}: Redis said: {scrub(str(exc), self.target)}") from None
         except OSError as exc:
             self._lost()
@@ -1617,6 +1620,11 @@ _MAX_ID = (1 << 64) - 1  # a stream id's parts are unsigned 64-bit
 
 
 # ---------------------------------------------------------------------------- helpers
+#: Reply errors that pass (a node loading its data, a cluster converging): a reader that waits
+#: for its job waits through them
+PASSING = ("LOADING", "CLUSTERDOWN", "TRYAGAIN", "MASTERDOWN", "BUSY")
+
+
 def _layout(nodes: Nodes, job: str) -> type[Keys] | None:
     """The key layout ``job`` was written with; None when it is not there.  Raises the
     ReplyError a node gave instead of an answer (``CLUSTERDOWN``, ``LOADING``, ``NOPERM``):
