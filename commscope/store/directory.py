@@ -1799,8 +1799,7 @@ class DirectoryReader(TraceReader):
     def _count_cut(self, stream: Stream, number: int, head: bytes) -> list[Event]:
         """The lines cut off the end of segment ``number`` of ``stream``, which this reader
         read to its end (``_moved_on``): the next one's meta says the lines written before
-        it (``segments.lines_before``), and those past the lines read are lost.  The gap in
-        the ring positions they leave is theirs (``_gone_excuse``).  Before, a segment
+        it (``segments.lines_before``), and those past the lines read are lost.  Before, a segment
         truncated in its middle counted as one damaged line (its torn last one), and one
         truncated to nothing as one line (its gap): 34 and 65 lines were gone (helper-173).
         Lines gone inside it are its gaps, counted as they are read (``_account``): where its
