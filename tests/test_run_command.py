@@ -312,7 +312,12 @@ def test_ctrl_c_ends_the_ranks_a_launcher_left_running_when_it_exited(tmp_path):
         # ended with it: either way ended, and said)
         assert ("1 process(es) of the job still running after it exited: sending them SIGTERM" in err
                 or "ranks still running: sending them SIGTERM" in err), err
-        assert not rank.is_running()  # (ended and waited for before run exited)
+        # (ended and waited for before run exited: gone, or a zombie not collected yet by the
+        # process it went to when run exited; psutil counts a zombie as running, CI at 9c78027)
+        try:
+            assert not rank.is_running() or rank.status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            pass  # (collected between the two looks)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

@@ -232,7 +232,9 @@ class Connection:
         if not t.ssl_certfile and "HANDSHAKE_FAILURE" in what.upper():
             return (f"TLS handshake failed ({what}): if the server asks for a client certificate, add "
                     "ssl_certfile=FILE&ssl_keyfile=FILE")
-        if isinstance(exc, ssl.SSLEOFError | ConnectionResetError):  # (a full Redis closes before the handshake)
+        # (a full Redis closes before the handshake: an EOF, or, as CI at 9c78027 saw, a close
+        # that reads as TLS's own, SSLZeroReturnError "TLS/SSL connection has been closed (EOF)")
+        if isinstance(exc, ssl.SSLEOFError | ssl.SSLZeroReturnError | ConnectionResetError):
             full = ("a Redis full of clients closes a new one so over TLS, without a word (raise maxclients in "
                     "its config, and the open files it may use: ulimit -n)")
             if not t.ssl_certfile:
