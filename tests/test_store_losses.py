@@ -672,6 +672,45 @@ def test_a_reader_that_did_not_read_the_stream_from_its_start_counts_a_marker_s_
     assert (reader.stats.skipped_by_rank if started == "window" else reader.stats.summarized_by_rank)[0] > 0
 
 
+@pytest.mark.parametrize("started", ["retention", "window"])
+def test_a_reader_entering_at_a_file_its_writer_started_again_counts_only_what_the_file_lost(tmp_path, started):
+    """The segment a writer was writing is deleted under it (its ``store_lost`` marker then
+    starts the file again, counting every line the writer wrote), then retention deletes
+    every segment before that one (summarized), or a window starts in it: a reader that
+    enters the stream there counts as lost only the lines of the deleted file, those before
+    being summarized or skipped, as the summary (``lines_upto``) or the segment before
+    says.  Before, the file started again has no meta to say the lines before it, and the
+    marker counted every line its writer wrote (911 where 21 were lost, helper-175)."""
+    from commscope.store import retention
+    from commscope.window import Since
+
+    w = _Beating(tmp_path)
+    w.write(300)
+    again = w.w._segment
+    deleted = w.w.path.read_bytes().count(b"\n")
+    assert again > 2 and deleted
+    w.w.path.unlink()
+    w.write(300)
+    w.w.close()
+    job_dir = tmp_path / "job"
+
+    def listed() -> list:
+        return segments_of((p.name for p in job_dir.iterdir()), job_dir)[(0, 0)]
+
+    restarted = next(seg for seg in listed() if seg.number == again)
+    assert inflight.starts_again(restarted.path.read_bytes())
+    reader = open_reader(str(tmp_path))
+    if started == "retention":
+        keep = sum(seg.path.stat().st_size for seg in listed() if seg.number >= again)
+        assert retention.close_stream(job_dir, 0, 0, retention.Retention(keep, None)) == again
+        assert listed()[0].number == again
+    else:
+        reader.start_at(Since(at_ns=(restarted.start_s + 1) * 10**9))
+    reader.read_all()
+    assert reader.stats.missing_by_rank == {0: deleted}, reader.stats.warnings
+    assert (reader.stats.summarized_by_rank if started == "retention" else reader.stats.skipped_by_rank)[0] > 0
+
+
 @pytest.mark.parametrize("deleted", ["before", "under"])
 def test_segments_deleted_by_hand_then_the_job_directory_count_each_line_once_with_its_cause(tmp_path, deleted):
     """Segments of a stream deleted by hand (no retention summary), before the reader started

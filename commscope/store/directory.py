@@ -728,7 +728,8 @@ class DirectoryReader(TraceReader):
         #: the streams entered at a later segment than the one read last (a window's first, the
         #: oldest left by retention, one after segments deleted under this reader): the lines
         #: before it are taken as accounted for (skipped, summarized) from what its meta says
-        #: when it is read from its start (``segments.lines_before``), so a ``store_lost``
+        #: when it is read from its start (``segments.lines_before``; a file its writer started
+        #: again has none: as the segment before or its summary says, ``_lines_up_to``), so a ``store_lost``
         #: marker read later counts as lost only the lines neither read nor counted so
         self._rebase: set[Stream] = set()
         #: per stream, the ranges [first, last) of segment numbers asked for but not listed when
@@ -1762,6 +1763,8 @@ class DirectoryReader(TraceReader):
         if not offset and self._rebase and stream in self._rebase:
             self._rebase.discard(stream)
             before = segments.lines_before(data) if self.counts_lines else None
+            if before is None and self.counts_lines and inflight.starts_again(data):
+                before = self._lines_up_to(stream, key[1])  # (no meta first: as the segment before says)
             if before is not None:
                 self._lines_read[stream] = before
                 self._rebased_at[stream] = Rebased(key[1], before)
