@@ -31,7 +31,7 @@ import numpy as np
 from rich.console import RenderableType
 from rich.text import Text
 
-from commscope.analysis import evidence, rankstate
+from commscope.analysis import evidence, liveness, rankstate
 from commscope.analysis.evidence import ABSENT, Evidence, record
 from commscope.analysis.findings import ERROR, WARNING, Finding
 from commscope.analysis.liveness import outlived
@@ -108,15 +108,6 @@ def unseen(model: TraceModel) -> list[int]:
     return sorted(rankstate.elsewhere(model)[1])
 
 
-def _gone(model: TraceModel, rank: int, now: int) -> bool:
-    """Dead as ``find_dead`` judges it: silent past its threshold, unless its peers completed
-    a collective it took part in after its stream stopped (``outlived``: alive past its
-    stream's end, the silence its store's, as while its master fails over), where it did not
-    vanish (its peers' ops failing on its closed connection).  A rank training on through its
-    master's failover was read as gone, its stream's unknown end a loss for good (helper-172)."""
-    return snapshot(model, now)[rank].dead and (rank in rankstate.vanished(model, now) or not outlived(model, rank))
-
-
 def find_incomplete(model: TraceModel, now: int, stopped: bool = False, ended: bool = False) -> list[Finding]:
     """``stopped``: the caller found ``job_stopped`` and no error finding explaining it.
     ``ended``: the trace is read to its end (not a live job whose ranks' streams a reader
@@ -149,7 +140,7 @@ def find_incomplete(model: TraceModel, now: int, stopped: bool = False, ended: b
         rt = model.ranks[r]
         d = per_rank.get(r)
         waits = [k for k in _GONE_THEN if d and d.get(k)]
-        if waits and (r in exits or _gone(model, r, now)):
+        if waits and (r in exits or liveness.gone(model, r, now)):
             # (its writer will never write again to count what the store lost: a stated loss, not a wait)
             for k in waits:
                 del d[k]

@@ -79,6 +79,15 @@ def outlived(model: TraceModel, rank: int) -> bool:
     return len(done) > (rank in done)  # (a peer completed it)
 
 
+def gone(model: TraceModel, rank: int, now: int) -> bool:
+    """Dead as ``find_dead`` judges it: silent past its threshold (``rankstate``), unless its
+    peers completed a collective it took part in after its stream stopped (``outlived``:
+    alive past its stream's end, the silence its store's, as while its master fails over),
+    where it did not vanish (its peers' ops failing on its closed connection)."""
+    return snapshot(model, now).state(rank).kind == "dead" and (
+        rank in rankstate.vanished(model, now) or not outlived(model, rank))
+
+
 def find_dead(model: TraceModel, now: int, failures: list | None = None) -> list[Finding]:
     """Ranks gone without an ``exit``: silent for longer than the dead threshold while other
     ranks kept writing (ranks that all stop together were killed together: no finding), or
@@ -87,7 +96,7 @@ def find_dead(model: TraceModel, now: int, failures: list | None = None) -> list
     vanished = rankstate.vanished(model, now)
     snap = snapshot(model, now)
     for r in model.rank_ids():
-        if snap.state(r).kind != "dead" or (r not in vanished and outlived(model, r)):
+        if not gone(model, r, now):
             continue  # alive, or alive past its stream's end: trace_incomplete tells that (one that
             # vanished after it, its peers' ops failing on its closed connection, died all the same)
         rt = model.ranks[r]

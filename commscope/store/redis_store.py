@@ -930,7 +930,7 @@ class RedisReader(TraceReader):
             if newest:
                 self.keys = _layout(nodes, newest[0]) or Keys
         except ReplyError as exc:
-            if getattr(self, "_wait", False) and str(exc).startswith(PASSING):  # (a console waits on, as it
+            if self._wait and str(exc).startswith(PASSING):  # (a console waits on, as it
                 return None  # waits for a job not there yet; helper-175)
             raise StoreError(f"cannot read {self._shown}: Redis said: {scrub(str(exc), self.target)}") from None
         except OSError as exc:

@@ -271,7 +271,7 @@ def summarize(path: Path, rank: int, number: int, carried_in: bytes = b"", lines
     max, which could not be taken out again; a reader puts back those it does not take
     out, and one before these lists reads the rows as before, all but those maxima.
     ``lines_after``: the lines written before the next segment, as its meta says, which
-    says the lines cut off the end of this one (``_cut``); ``lines_before_it``: this one's,
+    says the lines cut off the end of this one (``cut``); ``lines_before_it``: this one's,
     where its own meta cannot say (a file cut to nothing)."""
     data = inflight.read_segment(path)
     got = inflight.replay(carried_in, data, rank)
