@@ -48,9 +48,14 @@ class Since(NamedTuple):
 
 
 def parse_since(text: str | None, now: dt.datetime | None = None) -> Since | None:
-    """``--since``'s value: None for everything (``all``, empty); ValueError when unreadable."""
-    if text is None or text.strip().lower() in ("", "all"):
+    """``--since``'s value: None for everything (``all``, or not given); ValueError when
+    unreadable or empty (``--since "$WINDOW"`` with the variable unset read a week-long
+    job whole, as ``all``)."""
+    if text is None or text.strip().lower() == "all":
         return None
+    if not text.strip():
+        raise ValueError("cannot read --since '': empty; give a duration back from the trace's end (90s, 10m, 2h), "
+                         "a UTC time (14:00, 2026-11-26T14:00) or all")
     m = _DURATION.match(text)
     if m and math.isfinite(ago := sum(float(n) * _SECONDS[unit.lower()] for n, unit in _PART.findall(text))) \
             and ago < 1e12:

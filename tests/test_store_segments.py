@@ -302,7 +302,8 @@ def test_since_sums_a_duration_of_several_units(text, seconds):
 
 @pytest.mark.parametrize("text, ok", [("10m", True), ("90s", True), ("2h", True), ("3d", True), ("all", True),
                                       ("14:00", True), ("2026-11-26T14:00", True), ("soon", False), ("10x", False),
-                                      ("9" * 400 + "s", False), ("10000000000000000000000d", False)])
+                                      ("9" * 400 + "s", False), ("10000000000000000000000d", False),
+                                      ("", False), ("  ", False)])
 def test_since_reads_durations_times_and_all(text, ok):
     if ok:
         got = parse_since(text)
