@@ -54,6 +54,8 @@ def stored_ids(url: str, job: str, rank: int) -> list[tuple[bytes, int]]:
     ("unix:///run/redis.sock?db=4&job=x", dict(scheme="unix", path="/run/redis.sock", db=4, job="x")),
     ("redis://h/0?timeout=0.5", dict(timeout=0.5)),
     ("redis://h/0?rate=500", dict(rate=500)),
+    ("redis://h/2?db=2", dict(db=2)),
+    ("redis://h/2147483647", dict(db=2147483647)),
     ("redis://h/0", dict(rate=25_000)),
 ])
 def test_url_forms(url, expect):
@@ -72,6 +74,11 @@ def test_url_forms(url, expect):
     ("redis://h/0?rate=0", "rate"),
     ("redis://h/0?rate=fast", "rate"),
     ("unix://", "unix:///path"),
+    ("redis://h/\u00b2", "the database must be a number 0-2147483647"),  # ('\u00b2'.isdigit(), which int refuses)
+    ("redis://h/2147483648", "the database must be a number 0-2147483647"),  # (Redis refused it at the first read)
+    ("redis://h/1?db=2", r"two databases \(/1 and db=2\)"),  # (redis-py reads db=2; /1 was taken, db= ignored)
+    ("redis://h/0?maxlen=\u00b2", "maxlen"),
+    ("redis://h/0?rate=\u0663", "rate"),  # (an Arabic-Indic 3, read as 3)
 ])
 def test_bad_urls_are_store_errors(url, problem):
     with pytest.raises(StoreError, match=problem):

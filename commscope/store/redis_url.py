@@ -34,6 +34,17 @@ from commscope.store.base import StoreError, is_job_name
 
 SCHEMES = ("redis", "rediss", "unix")
 TLS_KEYS = ("ssl_cert_reqs", "ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_check_hostname")
+#: The largest database number Redis takes (its ``databases`` is a C int): a larger one was
+#: taken by ``run`` and refused by Redis at the first read
+MAX_DB = 2**31 - 1
+
+
+def _whole(text: str) -> bool:
+    """Whether ``text`` is a whole number in ASCII digits (``str.isdigit`` takes '²', which
+    ``int`` refuses: a bad URL said no reason)."""
+    return text.isascii() and text.isdigit()
+
+
 QUERY_KEYS = frozenset({"job", "maxlen", "timeout", "rate", "db", "password", "username", *TLS_KEYS})
 BOOLS = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
 ENV_PASSWORD = "COMMSCOPE_REDIS_PASSWORD"
@@ -274,15 +285,17 @@ def parse_url(url: str) -> RedisTarget:
             fields["host"] = parts.hostname or "localhost"
             fields["port"] = port or DEFAULT_PORT
             db_text = parts.path.strip("/") or query.get("db", "0")
-        if not db_text.isdigit():
-            raise StoreError(f"bad Redis URL {shown}: the database must be a number, e.g. /0")
+            if parts.path.strip("/") and "db" in query and query["db"] != db_text:  # (redis-py takes ?db=, we took /N)
+                raise StoreError(f"bad Redis URL {shown}: two databases (/{db_text} and db={query['db']}): give one")
+        if not _whole(db_text) or int(db_text) > MAX_DB:
+            raise StoreError(f"bad Redis URL {shown}: the database must be a number 0-{MAX_DB}, e.g. /0")
         fields["db"] = int(db_text)
         job = query.get("job")
         if job is not None and not is_job_name(job):
             raise StoreError(f"bad job name in {shown}: use 1-120 letters, digits, '_', '.', '-', not starting with '.'")
         fields["job"] = job
         if "maxlen" in query:
-            if not query["maxlen"].isdigit() or int(query["maxlen"]) < 1:
+            if not _whole(query["maxlen"]) or int(query["maxlen"]) < 1:
                 raise StoreError(f"bad maxlen in {shown}: a whole number of events per rank, at least 1")
             fields["maxlen"] = int(query["maxlen"])
         if "timeout" in query:
@@ -294,7 +307,7 @@ def parse_url(url: str) -> RedisTarget:
                 raise StoreError(f"bad timeout in {shown}: seconds, greater than 0")
             fields["timeout"] = timeout
         if "rate" in query:
-            if not query["rate"].isdigit() or int(query["rate"]) < 1:
+            if not _whole(query["rate"]) or int(query["rate"]) < 1:
                 raise StoreError(f"bad rate in {shown}: appends per second for the whole job, at least 1")
             fields["rate"] = int(query["rate"])
         if "ssl_cert_reqs" in query:
