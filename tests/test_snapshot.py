@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -66,7 +67,7 @@ def jobs():
     started: list[Launched] = []
 
     def start(how: str, mode: str, world: int = 4, *, local_world: int | None = None, extra: dict | None = None,
-              ranks: list[int] | None = None, args: tuple[str, ...] = ()) -> Launched:
+              ranks: list[int] | None = None, args: tuple[str, ...] = (), wrapped: bool = False) -> Launched:
         port = free_port()
         if how == "env":
             ps = []
@@ -81,6 +82,8 @@ def jobs():
         elif how == "torchrun":
             cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(world),
                    "--master-addr", "127.0.0.1", "--master-port", str(port), WORKER, mode]
+            if wrapped:  # (a shell above the launcher, as ``commscope run`` is: not exec'd)
+                cmd = ["bash", "-c", shlex.join(cmd) + "; exit $?"]
             job = Launched([subprocess.Popen(cmd, env=_env(extra), stdout=subprocess.DEVNULL,
                                              stderr=subprocess.DEVNULL)])
         else:
@@ -277,6 +280,26 @@ def test_two_jobs_on_one_host_ask_which(jobs, tmp_path):
     one_error(report, "p2p_deadlock", [0, 1])
     events = [json.loads(x) for p in (tmp_path / "s").rglob("rank-*.jsonl") for x in p.read_text().splitlines()]
     assert {e["pid"] for e in events if e["type"] == "meta"} == set(b.pids)
+
+
+def test_job_pid_takes_the_process_that_started_a_job_and_the_list_of_jobs_fits_80_columns(jobs, tmp_path):
+    """``--job-pid`` of a process above a job's launcher (``commscope run`` above torchrun, a
+    shell script) takes that job; one above several jobs is refused, naming a pid of each.
+    The list of jobs to choose from fits 80 columns.  Before, --job-pid refused the
+    ``commscope run`` process (helper-171), and each job's line ran past 80 columns."""
+    a, b = jobs("env", "cycle", 2), jobs("torchrun", "cycle", 2, wrapped=True)
+    settle(a, {0: "recv", 1: "recv"})
+    settle(b, {0: "recv", 1: "recv"})
+    pids = [*a.pids, *b.pids]
+    for extra, said in (([], "2 jobs on this host"), (["--job-pid", str(os.getpid())], "started 2 of the")):
+        out = snapshot("--out", str(tmp_path / "x"), "--pid", *map(str, pids), *extra)
+        assert out.returncode == 2 and said in out.stderr, out.stderr
+        assert max(map(len, out.stderr.splitlines())) <= 80, out.stderr
+    taken(tmp_path / "s", None, "--pid", *map(str, pids), "--job-pid", str(b.pids[0]))
+    one_error(check(tmp_path / "s"), "p2p_deadlock", [0, 1])
+    events = [json.loads(x) for p in (tmp_path / "s").rglob("rank-*.jsonl") for x in p.read_text().splitlines()]
+    ranks = {k.pid for k in psutil.Process(b.pids[0]).children(recursive=True)}
+    assert {e["pid"] for e in events if e["type"] == "meta"} <= ranks and not set(a.pids) & ranks
 
 
 def test_two_hosts_add_their_ranks_to_one_snapshot(jobs, tmp_path):

@@ -44,7 +44,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--read-processes", type=int, metavar="N",
                    help="processes reading the store, each a part of the ranks (default: one per 4,096 ranks of "
                         "the job, at most 4 and one less than the cores; 0: read in the console's process)")
-    p.add_argument("--job-pid", type=int, metavar="PID", help="with --pid and several jobs: the one this pid is of")
+    p.add_argument("--job-pid", type=int, metavar="PID", help="with --pid and several jobs: the one this pid is of, or started "
+                   "(commscope run, a script)")
     p.add_argument("--interval", type=options.seconds, default=1.0, metavar="S",
                    help="with --pid: seconds between stack samples (default 1)")
 

@@ -59,7 +59,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pid", type=int, nargs="+", metavar="PID", default=None,
                    help="look only at these processes and those below them (a launcher's pid will do)")
     p.add_argument("--job-pid", type=int, metavar="PID",
-                   help="with several jobs on this host: the one this process belongs to")
+                   help="with several jobs on this host: the one this process belongs to, or started "
+                   "(commscope run, a script)")
     p.add_argument("--count", type=int, default=3, metavar="N",
                    help="stack samples per rank (default 3): a rank in the same place at every sample "
                         "is stuck there; one sample cannot tell stuck from busy")
@@ -126,9 +127,16 @@ def choose(found: Found, job_pid: int | None) -> Job:
     if job_pid is not None:
         if not psutil.pid_exists(job_pid):
             raise UsageError(wrap(f"--job-pid {job_pid}: no process has that pid on this host"))
-        jobs = [j for j in jobs if job_pid in j.pids() or _below(job_pid, j)]
-        if not jobs:
+        mine = [j for j in jobs if job_pid in j.pids() or _below(job_pid, j)]
+        if not mine:  # (the process that started its launcher: ``commscope run``, a shell script, srun)
+            mine = [j for j in jobs if _above(job_pid, j)]
+            if len(mine) > 1:
+                raise UsageError(wrap(f"pid {job_pid} started {len(mine)} of the torch.distributed jobs found on "
+                                      "this host; give a pid of the one to take with --job-pid (e.g. "
+                                      f"{', '.join(str(j.ranks[0].pid) for j in mine)})"))
+        if not mine:
             raise UsageError(wrap(f"pid {job_pid} belongs to no torch.distributed job found on this host"))
+        jobs = mine
     if not jobs and found.absent:
         raise UsageError(wrap(f"no process has pid(s) {', '.join(map(str, found.absent))} on this host "
                               "(given with --pid); the others given hold no torch.distributed rank"
@@ -149,7 +157,7 @@ def choose(found: Found, job_pid: int | None) -> Job:
                          "worker)" + ("" if found.given else "; give its processes with --pid")))
     if len(jobs) == 1:
         return jobs[0]
-    listing = "\n".join(f"  [{i + 1}] {visible(j.describe())}" for i, j in enumerate(jobs))
+    listing = "\n".join("  " + wrap(f"[{i + 1}] {visible(j.describe())}", 2, "      ") for i, j in enumerate(jobs))
     if sys.stdin.isatty() and sys.stdout.isatty():
         print(f"{len(jobs)} jobs on this host:\n{listing}")
         answer = input(f"which one [1-{len(jobs)}]? ").strip()
@@ -159,6 +167,20 @@ def choose(found: Found, job_pid: int | None) -> Job:
     first = ", ".join(str(j.ranks[0].pid) for j in jobs)
     raise UsageError(wrap(f"{len(jobs)} jobs on this host; choose one with --job-pid PID (e.g. {first}):")
                      + f"\n{listing}")
+
+
+def _above(pid: int, job: Job) -> bool:
+    """Whether ``pid`` started ``job``'s launcher or ranks, however far up (``commscope run``
+    above torchrun: --job-pid refused it, helper-171)."""
+    import psutil
+
+    for member in job.pids():
+        try:
+            if any(a.pid == pid for a in psutil.Process(member).parents()):
+                return True
+        except psutil.Error:
+            continue
+    return False
 
 
 def _below(pid: int, job: Job) -> bool:
