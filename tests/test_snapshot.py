@@ -231,6 +231,10 @@ def test_a_dead_rank_is_the_one_culprit(jobs, tmp_path):
     f = one_error(report, "dead_rank", [3])
     assert "gone" in f["message"]
     assert report["ranks"] == 4
+    assert "pid" not in f["evidence"] and f["evidence"]["host"]  # (gone before it was read: its pid not known)
+    drawn = subprocess.run([sys.executable, "-m", "commscope", "check", str(tmp_path / "s")], capture_output=True,
+                           text=True, timeout=300, env=_env()).stdout
+    assert "host  " in drawn and "None" not in drawn, drawn  # (it drew "host / pid  h / None")
 
 
 def test_flight_recorder_dumps_give_sequence_numbers(jobs, tmp_path):

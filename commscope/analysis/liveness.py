@@ -43,7 +43,8 @@ class Dead(Evidence):
                 ("last op", evidence.brief(act.get("last_completed_op")) if act.get("last_completed_op") else None),
                 ("last sample", Text(sample_text(self.last_sample), style=evidence.FAINT)
                  if self.last_sample else None),
-                ("host / pid", f"{self.get('host', '?')} / {self.get('pid', '?')}"),
+                ("host / pid", f"{self.get('host') or '?'} / {self['pid']}") if "pid" in self else
+                ("host", self.get("host") or "?"),
                 ("no spool", self.get("no_spool"))]
         return [evidence.kv(rows)]
 
@@ -128,7 +129,9 @@ def find_dead(model: TraceModel, now: int, failures: list | None = None) -> list
         if rt.samples.last:
             ev.last_sample = {k: v for k, v in rt.samples.last.items() if k not in ("v", "type", "rank")}
         if rt.meta:
-            ev.host, ev.pid = rt.meta.get("host"), rt.meta.get("pid")
+            ev.host = rt.meta.get("host")
+            if isinstance(pid := rt.meta.get("pid"), int):  # (not known of a rank a snapshot found gone)
+                ev.pid = pid
             if isinstance(no_spool := rt.meta.get("no_spool"), str):
                 # (the cause of its death and its last records would have been in the spool)
                 ev.no_spool = no_spool
