@@ -81,6 +81,11 @@ def test_stacks_fold_the_plumbing_and_keep_user_frames():
     demo = fold("MainThread", [["/x/commscope/scenarios/runner.py", 5, "_rank_main"],
                                ["/x/commscope/scenarios/workloads.py", 9, "dead_rank"]])
     assert demo["where"] == "/x/commscope/scenarios/workloads.py:9 in dead_rank"  # demo workloads are user code
+    c10d = "/v/lib/python3.11/site-packages/torch/distributed/"
+    spied = fold("MainThread", [["/job/hang.py", 7, "<module>"],  # (py-spy's qualified names: helper-171 saw
+                                [c10d + "c10d_logger.py", 81, "_exception_logger.<locals>.wrapper"],  # 'inside
+                                [c10d + "distributed_c10d.py", 2790, "broadcast"]])  # _exception_logger...')
+    assert spied["where"] == "/job/hang.py:7 in <module>" and spied["inside"] == "broadcast"
 
 
 def _stack_event() -> dict:

@@ -72,7 +72,7 @@ def fold(name: Any, raw_frames: Any, keep_internal: int = 3) -> dict[str, Any]:
         d["where"] = user[-1].text()
         last_user = max(i for i, p in enumerate(plumbing) if not p)
         inner = [f.func for f in frames[last_user + 1:]]
-        named = [f for f in inner if f not in _GENERIC]
+        named = [f for f in inner if f.rsplit(".", 1)[-1] not in _GENERIC]  # (py-spy says qualified names)
         if inner:
             d["inside"] = (named or inner)[0]
         d["folded"] = len(frames) - len(user)
