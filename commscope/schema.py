@@ -238,6 +238,7 @@ class JobMeta(TypedDict, total=False):
     attempt: Count | None  # (as each rank's meta states it: ``RawEvent``)
     run: Name | None  # the run rank 0 drew at incarnation ``inc`` (``analysis.runs.JobReference``)
     inc: Count | None
+    launch: Name | None  # the ``commscope run`` that made it (its ``$COMMSCOPE_LAUNCH``: ``run._made``)
 
 
 _DECODER = msgspec.json.Decoder(RawEvent)

@@ -6,6 +6,7 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 from procs import run_session
 from redis_fixture import *  # noqa: F403  (the redis_server and redis_url fixtures)
 from redis_fixture import redis_client
@@ -141,21 +142,35 @@ COUNTED = textwrap.dedent("""
 """)
 
 
-def test_a_run_without_a_job_id_names_the_job_it_made_to_check(tmp_path):
+#: A job another launch makes in the same store while this one runs (its job file says its launch)
+ANOTHER = textwrap.dedent("""
+    from commscope.store.directory import DirectoryWriter
+    w = DirectoryWriter("trace", "another", 0, {"world_size": 1, "launch": "0123456789abcdef"})
+    w.write([b'{"type":"meta","v":3,"rank":0,"ts":1,"world_size":1}'])
+    w.close()
+""")
+
+
+@pytest.mark.parametrize("another", [False, True])
+def test_a_run_without_a_job_id_names_the_job_it_made_to_check(tmp_path, another):
     """rank 0 draws the job id: run names, after the command, the one job it made (the
-    store's newest, which check opens by itself, may be another launch's: helper-172)."""
+    store's newest, which check opens by itself, may be another launch's: helper-172), also
+    where another launch made a job in the store meanwhile: the job file says which launch
+    made it (before, run then named the bare store, whose newest job may be the other's,
+    helper-175)."""
     import os
 
     from commscope.launch import free_port
 
     script = tmp_path / "counted.py"
-    script.write_text(COUNTED)
+    script.write_text(COUNTED + (ANOTHER if another else ""))
     (tmp_path / "trace" / "older").mkdir(parents=True)
     env = {**os.environ, "COMMSCOPE_SPOOL_DIR": str(tmp_path / "spools")}
     run = commscope("run", "--store", "trace", "--", sys.executable, str(script), str(free_port()), "3",
                     cwd=tmp_path, env=env)
-    made = [p for p in (tmp_path / "trace").iterdir() if p.is_dir() and p.name != "older"]
+    made = [p for p in (tmp_path / "trace").iterdir() if p.is_dir() and p.name not in ("older", "another")]
     assert run.returncode == 0 and len(made) == 1, run.stderr
+    assert (tmp_path / "trace" / "another").is_dir() == another
     assert f"watch it with:  commscope attach {tmp_path / 'trace'}\n" in run.stderr, run.stderr
     assert f"diagnose with:  commscope check {made[0]}\n" in run.stderr, run.stderr
 

@@ -225,7 +225,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"commscope: done (exit code {code}); nothing was recorded: no process of the command called "
               "init_process_group", file=sys.stderr)
     else:
-        made = _made(args.job, (_jobs(store) or set()) - (before or set()))
+        made = _made(args.job, _own(store, (_jobs(store) or set()) - (before or set()), env[spool.ENV_LAUNCH]))
         job_shown = redact_store(backend_for(store).with_job(store, made)) if made else shown
         print(f"commscope: done (exit code {code}); diagnose with:  commscope check {job_shown}", file=sys.stderr)
     return code if code >= 0 else 128 - code
@@ -242,6 +242,15 @@ def _made(job: str | None, new: set[str]) -> str | None:
             (int(j[len(job) + 2:]), j) for j in new if j.startswith(f"{job}-a") and j[len(job) + 2:].isdigit()]
         return max(tries)[1] if tries else None
     return next(iter(new)) if len(new) == 1 else None
+
+
+def _own(store: str, new: set[str], launch: str) -> set[str]:
+    """Of the ``new`` jobs of ``store``, those this launch made, as their job files say
+    (``Backend.launch_of``): a concurrent launch's job, new too, was named in this one's
+    ``check`` line (helper-175).  All of them where none says (a recorder from before)."""
+    launch_of = backend_for(store).launch_of
+    mine = {j for j in new if launch_of(store, j) == launch} if launch_of is not None else set()
+    return mine or new
 
 
 def _kept(env: dict[str, str]) -> str:

@@ -681,6 +681,8 @@ class Recorder:
                 **({} if attempt is None else {"attempt": attempt}),
                 # (the run and its incarnation: what a reader tells foreign streams by, ``analysis.runs``)
                 **({} if self.run == "?" else {"run": self.run, "inc": self.incarnation}),
+                # (the ``commscope run`` that launched it: which of the jobs new to a store are its own)
+                **({"launch": os.environ[spool.ENV_LAUNCH][:32]} if os.environ.get(spool.ENV_LAUNCH) else {}),
             }, incarnation=self.incarnation, connect_timeout=timeout)
         except StoreError as exc:
             self._open_spool()  # the records wait there meanwhile

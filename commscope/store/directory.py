@@ -581,6 +581,17 @@ def list_jobs(path: str | os.PathLike) -> list[str]:
     return sorted(d.name for d in p.iterdir() if d.is_dir() and (d / JOB_FILE).exists())
 
 
+def launch_of(path: str, job: str) -> str | None:
+    """The ``commscope run`` launch that made ``job`` of the store at ``path``, as its job file
+    says (``$COMMSCOPE_LAUNCH``); None where it says none or cannot be read."""
+    try:
+        got, _ = decode_job(read_regular(Path(path) / job / JOB_FILE, MAX_JOB_FILE))
+    except OSError:
+        return None
+    launch = got.get("launch") if got is not None else None
+    return launch if isinstance(launch, str) else None
+
+
 def jobs(path: str) -> set[str] | None:
     """The jobs the store holds now, never raising (None: it cannot be listed)."""
     try:

@@ -99,6 +99,10 @@ class Backend:
     #: a server down); None: not looked at.  ``commscope run`` says "nothing was recorded"
     #: only where it looked before and after; ``check`` finds a job's earlier attempts here.
     jobs: Callable[[str], set[str] | None] | None = None
+    #: The ``commscope run`` launch that made job J, as the store says (``$COMMSCOPE_LAUNCH``):
+    #: ``(name, J) -> launch``, None where not said; None: not asked.  ``commscope run``
+    #: names its own of the jobs new to the store, not a concurrent launch's.
+    launch_of: Callable[[str, str], str | None] | None = None
     #: Remove one job (a benchmark replacing its own job of that name); None: only a fresh
     #: store will do.
     delete_job: Callable[[str, str], Any] | None = None
@@ -112,7 +116,7 @@ DIRECTORY = Backend(
     name="directory", schemes=(), writer=directory.DirectoryWriter, reader=directory.DirectoryReader, local=True,
     redact=_same,  # a path carries no credential
     identity=os.path.realpath, job_location=directory.job_location, absolute=directory.absolute,
-    with_job=directory.with_job, jobs=directory.jobs)
+    with_job=directory.with_job, jobs=directory.jobs, launch_of=directory.launch_of)
 
 REDIS = Backend(
     name="redis", schemes=redis_url.SCHEMES,
