@@ -196,3 +196,76 @@ def test_a_directory_trace_s_store_lost_marker_copied_into_redis_counts_what_was
     assert missing(redis_url + "?job=c1") == lost
     assert cli.main(["copy", redis_url + "?job=c1", other, "--job", "c2", "-q"]) == 0
     assert missing(other + "?job=c2") == lost
+
+
+@pytest.mark.parametrize("loss", ["deleted", "cut", "cut, then summarized"])
+@pytest.mark.parametrize("to", ["directory", "redis"])
+def test_a_copy_of_a_directory_trace_says_every_line_its_source_lost_once(redis_url, tmp_path, capsys, loss, to):
+    """A directory trace lost a segment of rank 1 (deleted by hand), or the lines cut off its
+    end with its last line torn (then, maybe, retention summarized it): check on the source
+    exits 1, trace_incomplete on rank 1, and a copy, into a directory or Redis, and a copy of
+    that copy, say as many lines lost, once.  Before, a directory copy carried none of them
+    (healthy, exit 0), and into Redis a summarized cut was counted by the summary and by the
+    gap (74 for 37, helper-177)."""
+    import json
+    from pathlib import Path
+
+    from commscope.bench.synthstore import JobShape, write_store
+    from commscope.store import retention
+    from commscope.store.segments import list_segments
+
+    store = tmp_path / "trace"
+    write_store(str(store), JobShape(4, 400, fault="healthy", days=7, segment_bytes=16 << 10))
+    job = store / "synthetic"
+    seg = next(s for s in list_segments(job)[(1, 0)] if s.number == 3)
+    if loss == "deleted":
+        seg.path.unlink()
+    else:
+        seg.path.write_bytes(seg.path.read_bytes()[:13_000])
+    if loss == "cut, then summarized":
+        assert retention.close_stream(job, 1, 0, retention.Retention(None, 2 * 86400)) > 3
+
+    def lost(target: str) -> int:
+        assert cli.main(["check", target, "--json"]) == 1
+        out = json.loads(capsys.readouterr().out)
+        assert [(f["kind"], f["culprits"]) for f in out["findings"]] == [("trace_incomplete", [1])], out["findings"]
+        return out["skipped"]["store_missing"] + out["skipped"]["damaged"]
+
+    source = lost(str(job))
+    assert source > 1
+    base, db = redis_url.rsplit("/", 1)
+    other = f"{base}/{int(db) % 63 + 1}"  # (another database)
+    redis_client(other).flushdb()
+    first = str(tmp_path / "copy") if to == "directory" else redis_url
+    assert cli.main(["copy", str(job), first, "--job", "c1", "-q"]) == 0
+    target = str(Path(first) / "c1") if to == "directory" else f"{first}?job=c1"
+    assert lost(target) == source
+    again = str(tmp_path / "again") if to == "redis" else other
+    assert cli.main(["copy", target, again, "--job", "c2", "-q"]) == 0
+    assert lost(str(Path(again) / "c2") if to == "redis" else f"{again}?job=c2") == source
+
+
+def test_a_directory_copy_keeps_every_segment_whatever_retention_the_environment_asks(tmp_path, capsys,
+                                                                                      monkeypatch):
+    """An archive keeps what it copied: ``$COMMSCOPE_RETAIN`` (and its 1 GiB default) bounded
+    the copy's writers as a job's, and retention deleted what the copy wrote (68,795 events
+    copied, 38,123 held, helper-177)."""
+    import json
+
+    from commscope.store.segments import list_segments
+
+    src = tmp_path / "trace"
+    make_job(str(src), "kept", ranks=2, per_rank=20_000)
+    assert cli.main(["check", str(src / "kept"), "--json"]) in (0, 1)
+    events = json.loads(capsys.readouterr().out)["events"]
+    assert sum(p.stat().st_size for p in (src / "kept").glob("rank-00000*")) > 2 << 20
+    monkeypatch.setenv("COMMSCOPE_RETAIN", "1MiB")
+    monkeypatch.setenv("COMMSCOPE_SEGMENT_MB", "0.25")
+    assert cli.main(["copy", str(src), str(tmp_path / "copy")]) == 0
+    assert f"copied {events:,} events" in capsys.readouterr().out
+    segs = list_segments(tmp_path / "copy" / "kept")
+    assert all(len(v) > 4 and [s.number for s in v] == list(range(len(v))) for v in segs.values()), segs
+    assert cli.main(["check", str(tmp_path / "copy" / "kept"), "--json"]) in (0, 1)
+    out = json.loads(capsys.readouterr().out)
+    metas = sum(len(v) - 1 for v in segs.values())  # (each segment after the first opens with the meta)
+    assert out["events"] == events + metas and out["skipped"]["summarized"] == 0, out["skipped"]

@@ -672,6 +672,27 @@ def test_a_reader_that_did_not_read_the_stream_from_its_start_counts_a_marker_s_
     assert (reader.stats.skipped_by_rank if started == "window" else reader.stats.summarized_by_rank)[0] > 0
 
 
+def test_a_store_lost_marker_inside_a_file_counts_its_lines_and_no_cut_after_it(tmp_path):
+    """A ``store_lost`` marker inside a segment (a copy's: the lines its source had lost,
+    ``commands/copy.py``; a writer's comes first in a file it started again) counts its
+    lines, and the lines after it are counted as before it.  Taken as a writer's, it set the
+    lines read to its count, and the next segment's meta said 184 lines cut off where 5 were
+    lost (a Redis trace trimmed, copied into a directory of several segments)."""
+    from commscope.store.base import store_lost
+
+    w = _Beating(tmp_path)
+    w.write(200)
+    w.w.write([store_lost(0, 5, "the source of this copy had lost them")])
+    w.write(200)
+    w.w.close()
+    assert len(segments_of((p.name for p in w.job_dir.iterdir()), w.job_dir)[(0, 0)]) > 5
+    reader = open_reader(str(tmp_path))
+    reader.read_all()
+    assert reader.stats.missing_by_rank == {0: 5}, reader.stats.warnings
+    assert [x for x in reader.stats.warnings if "lost" in x] == [
+        "rank 0: 5 line(s) of its stream were lost: the source of this copy had lost them"]
+
+
 @pytest.mark.parametrize("started", ["retention", "window"])
 def test_a_reader_entering_at_a_file_its_writer_started_again_counts_only_what_the_file_lost(tmp_path, started):
     """The segment a writer was writing is deleted under it (its ``store_lost`` marker then

@@ -10,7 +10,8 @@ Events keep their per-rank order and content, with any credential in their text 
 (--job renames it).  A directory copy is yours alone unless its source job was readable by
 your group, or --share-with-group is given.
 The destination refuses to mix with a job of the same id that is already there.  Damaged
-events in the source are skipped and counted, and a trimmed Redis trace is reported.
+events in the source are skipped, and every line the source lost (trimmed, deleted, cut,
+damaged) is counted in the copy too.  A directory copy keeps every segment (no retention).
 The trace is read in pages, so a large one never sits in memory whole.
 """
 
@@ -31,6 +32,7 @@ from commscope.store import (
     StoreWriter,
     TraceReader,
     backend_for,
+    default_store,
     open_writer,
     refuse_url_like,
 )
@@ -84,9 +86,24 @@ def _size(reader: TraceReader) -> Size:
         return Size(0, "events")
 
 
+def _lost(src: TraceReader, rank: int) -> int:
+    """The lines of ``rank``'s stream the source's reader counted lost so far: gone from the
+    store, damaged, invalid: what the copy cannot hold, and says it lacks."""
+    stats = src.stats
+    return (stats.missing_by_rank.get(rank, 0) + stats.corrupt_by_rank.get(rank, 0)
+            + stats.invalid_by_rank.get(rank, 0))
+
+
 def _new_loss(src: TraceReader, seen: dict[int, int]) -> set[int]:
-    """Ranks whose events the reader counted missing since the copy last said so."""
-    return {r for r, n in src.stats.missing_by_rank.items() if n > seen.get(r, 0)}
+    """Ranks whose lines the reader counted lost since the copy last said so."""
+    stats = src.stats
+    ranks = {*stats.missing_by_rank, *stats.corrupt_by_rank, *stats.invalid_by_rank}
+    return {r for r in ranks if r >= 0 and _lost(src, r) > seen.get(r, 0)}
+
+
+#: A ``summary``'s keys for what its segment lost (``retention._lost``): left out of a copy's,
+#: whose markers say every loss its source's reader counted, those too
+SUMMARY_LOSSES = ("damaged", "invalid", "entries", "reason", "gaps", "gap_bytes", "cut")
 
 
 def _write(w: StoreWriter, lines: list[bytes]) -> None:
@@ -107,6 +124,23 @@ def _lost_why(src: TraceReader, gap: int, marker: Event | None) -> str:
             "when it was copied (its check says why)")
 
 
+def _open(dst: str, job: str, rank: int, job_meta: dict, share: bool | None) -> StoreWriter:
+    """The copy's writer of one rank.  Into Redis: a history in seconds, marked by the writer,
+    not by a child per rank, and no keyframes (a keeper's pace would mean nothing in it).
+    Into a directory: every segment kept (an archive: ``$COMMSCOPE_RETAIN`` and its 1 GiB
+    default deleted what the copy wrote, helper-177)."""
+    if backend_for(dst).local:
+        from commscope.store import retention
+        from commscope.store.directory import DirectoryWriter
+
+        return DirectoryWriter(default_store(dst), job, rank, job_meta, share=share, retain=retention.NONE)
+    w = open_writer(dst, job, rank, job_meta, share=share)
+    if isinstance(w, RedisWriter):
+        w.marks = "inline"
+        w.keyframe_s = None
+    return w
+
+
 def copy_trace(src: TraceReader, dst: str, job: str, meta: dict, progress: Any = None, task: Any = None,
                unit: str = "events", share: bool | None = None) -> dict[int, int]:
     """Copy every event ``src`` still has into job ``job`` of store ``dst``; events per rank.
@@ -116,18 +150,17 @@ def copy_trace(src: TraceReader, dst: str, job: str, meta: dict, progress: Any =
     job_meta = {k: v for k, v in meta.items() if k not in ("job", "maxlen")}
     job_meta["copied_from"] = redact(src.description)
     encode = events.encode
-    # What a Redis source no longer held (trimmed by maxlen, deleted) is a gap in its entry
-    # numbers, which a copy's numbering would close: it is said in the copy as a ``store_lost``
-    # marker, so check on the copy counts the loss too.  (A directory copy keeps a source's own
-    # markers as they are, and a directory source's gaps travel with it.)  Into Redis, whose
-    # readers count gaps in entry numbers and neither markers nor ring positions, every loss
-    # the source's reader counted of a rank is a gap of as many entries (``RedisWriter.skip``),
-    # where the rank's first marker of the page was, else before its events: a directory
-    # marker's ``entries`` are every line its writer wrote before it, not what was lost
-    # (copied as they were, 607 were counted where 41 were lost, helper-175).
-    to_redis = not backend_for(dst).local
-    gaps = isinstance(src, RedisReader) or to_redis
-    seen_missing: dict[int, int] = {}
+    # What the source lost of a rank (a Redis stream trimmed, a segment deleted or cut short,
+    # damaged or invalid lines: what its reader counted) would read whole in the copy, whose
+    # numbering closes the gap: it is said as a gap of as many entries into Redis
+    # (``RedisWriter.skip``, whose readers count gaps in entry numbers) or a ``store_lost``
+    # marker of as many lines into a directory (one inside a file: ``DirectoryReader._count_store_lost``),
+    # where the rank's first marker of the page was, with its reason, else before its events.
+    # The source's own markers are not copied: a directory writer's counts every line it
+    # wrote (copied, 607 were counted where 41 were lost, helper-175), nor its summaries'
+    # losses, which the markers say.  Before, a directory copy carried no loss of a directory
+    # source, and read healthy (helper-177).
+    said: dict[int, int] = {}  # rank -> the lines lost the copy said so far
     try:
         done_reading = False
         while True:
@@ -137,49 +170,42 @@ def copy_trace(src: TraceReader, dst: str, job: str, meta: dict, progress: Any =
                     break
                 page = src.read_all()  # what poll leaves behind: torn last lines
                 done_reading = True
-                if not page and not (gaps and _new_loss(src, seen_missing)):
+                if not page and not _new_loss(src, said):
                     break
             by_rank: dict[int, list[bytes]] = {}
-            said: dict[int, int] = {}  # entries the page's own store_lost markers account for
-            losses: dict[int, dict[int, Event]] = {}  # rank -> where its first store_lost marker was (into Redis)
+            markers: dict[int, tuple[int, Event]] = {}  # rank -> where its first store_lost marker was, and it
             for ev in page:
                 lines = by_rank.setdefault(ev["rank"], [])
                 if ev["type"] == "dropped" and said_by_store(ev):
-                    if to_redis:  # (a gap there: the first marker's place and reason)
-                        losses.setdefault(ev["rank"], {}).setdefault(len(lines), ev)
-                        continue
-                    if gaps:
-                        said[ev["rank"]] = said.get(ev["rank"], 0) + int(ev.get("entries") or 0)
+                    markers.setdefault(ev["rank"], (len(lines), ev))
+                    continue
+                if ev["type"] == "summary" and any(k in ev for k in SUMMARY_LOSSES):
+                    ev = {k: v for k, v in ev.items() if k not in SUMMARY_LOSSES}
                 lines.append(encode(ev))
             # (a rank whose loss the reader counted without a later event of it: the tail of its
             # stream that Redis lost after its writer closed, counted at the end of ``read_all``)
-            lossy = _new_loss(src, seen_missing) if gaps else set()
-            for rank in sorted(set(by_rank) | lossy):
-                by_rank.setdefault(rank, [])
+            for rank in sorted(set(by_rank) | _new_loss(src, said)):
+                lines = by_rank.setdefault(rank, [])
                 w = writers.get(rank)
+                first = w is None
                 if w is None:
-                    w = writers[rank] = open_writer(dst, job, rank, job_meta, share=share)
-                    if isinstance(w, RedisWriter):  # (a history in seconds: marked here, not by a child per rank,
-                        w.marks = "inline"  # and no keyframes: a keeper's pace would mean nothing in it)
-                        w.keyframe_s = None
-                lines = by_rank[rank]
-                gap = 0
-                if gaps:
-                    missing = src.stats.missing_by_rank.get(rank, 0)
-                    gap = missing - seen_missing.get(rank, 0) - said.get(rank, 0)
-                    seen_missing[rank] = missing
-                marker = next(iter(losses[rank].items()), None) if rank in losses else None
-                if isinstance(w, RedisWriter):
-                    at = marker[0] if marker is not None else 0
-                    _write(w, lines[:at])
-                    if gap > 0:
-                        w.skip(gap, _lost_why(src, gap, marker[1] if marker is not None else None))
-                    _write(w, lines[at:])
+                    w = writers[rank] = _open(dst, job, rank, job_meta, share)
+                lost = _lost(src, rank)
+                gap = lost - said.get(rank, 0)
+                at, marker = markers.get(rank, (0, None))
+                if gap > 0:
+                    said[rank] = lost
+                    why = _lost_why(src, gap, marker)
+                    if isinstance(w, RedisWriter):
+                        _write(w, lines[:at])
+                        w.skip(gap, why)
+                        _write(w, lines[at:])
+                    else:  # (after the meta a stream starts with: one first is a file its writer started again)
+                        at = max(at, int(first and bool(lines) and b'"type":"meta"' in lines[0]))
+                        _write(w, [*lines[:at], store_lost(rank, gap, why), *lines[at:]])
                 else:
-                    if gap > 0:
-                        lines = [store_lost(rank, gap, _lost_why(src, gap, None))] + lines
                     _write(w, lines)
-                copied[rank] = copied.get(rank, 0) + len(by_rank[rank])  # (the source's events)
+                copied[rank] = copied.get(rank, 0) + len(lines)  # (the source's events)
             if progress is not None:
                 done = src.stats.bytes if unit == "bytes" else sum(copied.values())
                 progress.update(task, completed=done)

@@ -1100,7 +1100,8 @@ class DirectoryReader(TraceReader):
         return decoder
 
     def _count_store_lost(self, stream: Stream, dropped: list[Event]) -> None:
-        """What a writer's ``store_lost`` marker says the store lost: every line its writer
+        """What a ``store_lost`` marker says the store lost.  One inside a file (a copy's) says
+        the lines lost there.  A writer's, first in the file it started again, says every line its writer
         wrote before it (``DirectoryWriter.write``), in the segment it starts again and in
         those before, which are its lines and not counted again as segments gone
         (``_count_segments_gone``); less the lines of the stream this reader read before it
@@ -1111,6 +1112,12 @@ class DirectoryReader(TraceReader):
         marker's count (19 for 18), and a console counted what it had read as lost."""
         for e in dropped:
             if not (said_by_store(e) and e.get("entries")):
+                continue
+            if stream not in self._lines_before and stream not in self._uncounted:
+                # (inside a file: a copy's, the lines its source had lost, ``commands/copy.py``; a
+                # writer's comes first in a file it started again.  Taken as a writer's, it set the
+                # lines read to its count, and the next segment's meta counted lines cut: 184 of 189)
+                self.stats.count_lost_lines(stream[0], int(e["entries"]), str(e["reason"])[len(STORE_LOST) + 2:])
                 continue
             number = self._reading.get(stream, 0)  # (the segment it starts again: those before are its)
             self._count_unlisted_gone(stream)  # (but those before the lines it takes against: ``_rebase``)
