@@ -69,7 +69,9 @@ def test_run_refuses_an_empty_retention_limit_and_says_the_one_it_keeps(tmp_path
     assert "--retain: cannot read ''" in capsys.readouterr().err
     assert cli(["run", "--store", str(tmp_path / "t"), "--retain", "2GiB,7d", "--", "true"]) == 0
     err = capsys.readouterr().err
-    assert f"recording to {tmp_path / 't'} (keeping 2.0 GiB per rank, 168 h of each rank's history" in err, err
+    assert f"recording to {tmp_path / 't'} (keeping at most 2.0 GiB per rank, 168 h of history" in err, err
+    assert cli(["run", "--store", str(tmp_path / "t"), "--retain", "none", "--", "true"]) == 0
+    assert "(keeping all of each rank's history: --retain)" in capsys.readouterr().err  # ('everything of')
 
 
 def test_attach_asked_for_read_processes_it_will_not_start_says_so(tmp_path, capsys):

@@ -261,7 +261,9 @@ def _kept(env: dict[str, str]) -> str:
         limit = retention.parse(text) if text else retention.DEFAULT
     except ValueError:
         limit = retention.NONE
-    return f" (keeping {limit.describe()} of each rank's history: --retain)"
+    if not limit.bounded:
+        return " (keeping all of each rank's history: --retain)"
+    return f" (keeping at most {limit.describe()} of history: --retain)"  # ('1.0 MiB per rank of each rank's')
 
 
 def _adopt_orphans() -> None:
