@@ -278,6 +278,35 @@ def test_a_window_whose_carry_cannot_be_made_says_what_it_may_miss(tmp_path):
         "before it is gone): an op begun before may be missing"]
 
 
+def test_a_carry_deleted_by_hand_where_the_read_begins_is_an_error_not_a_healthy_trace(tmp_path, capsys):
+    """A 3 h hang begun in segments retention summarized: the carry of the newest one deleted
+    (what the ranks waiting in it were in) removed by hand from ranks 0-2: the hang cannot be
+    found, but check exits 1 (trace_incomplete, an error on those ranks: what they were in
+    where the read began is not known), not 0.  Before, a warning alone: "no findings",
+    exit 0, over a hung job (helper-177)."""
+    import json
+
+    from commscope.cli import main as cli
+
+    store = tmp_path / "trace"
+    write_store(str(store), JobShape(4, 400, fault="missing", days=7, segment_bytes=16 << 10, tail_s=10800))
+    job = store / "synthetic"
+    for r in range(4):
+        assert retention.close_stream(job, r, 0, retention.parse("1MiB")) > 0
+    assert cli(["check", str(job), "--json"]) == 1
+    assert [f["kind"] for f in json.loads(capsys.readouterr().out)["findings"]] == ["missing_ranks"]
+    newest = json.loads((job / "rank-00000.summary.jsonl").read_bytes().splitlines()[-1])["seg"]
+    for r in range(3):
+        (job / f"rank-{r:05d}.open.{newest:06d}.jsonl").unlink()
+    assert cli(["check", str(job), "--json"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    (f,) = out["findings"]
+    assert f["kind"] == "trace_incomplete" and f["severity"] == "error", f
+    assert {r: d.get("uncarried") for r, d in f["evidence"]["per_rank"].items()} == {
+        "0": 1, "1": 1, "2": 1, "3": None}, f["evidence"]
+    assert "what rank(s) 0-2 were in where the read of their streams began is not known" in f["message"]
+
+
 def test_age_retention_keeps_the_last_days(tmp_path):
     store = str(tmp_path / "trace")
     shape = JobShape(2, 6000, fault="healthy", days=7, segment_bytes=64 << 10)
@@ -2137,7 +2166,8 @@ def test_a_history_tie_that_a_rank_not_compared_would_break_names_nobody(tmp_pat
     assert first > 1
     segs[first - 1].path.unlink()
     rc, found, out = _found(store, capsys, "--since", "10m")
-    assert (rc, found) == (1, [("collective_mismatch", [])])
+    # (what rank 1 was in where the window began is not known: said as an error too)
+    assert (rc, found) == (1, [("collective_mismatch", []), ("trace_incomplete", [1])])
     assert out["findings"][0]["evidence"]["history"]["not_compared"] == [1]
     assert "cannot be told" in out["findings"][0]["message"]
 

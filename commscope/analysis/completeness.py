@@ -56,7 +56,8 @@ class Incomplete(Evidence):
     (not losses: shown so the numbers add up)."""
 
     lost_events: int
-    #: rank -> dropped, damaged, invalid, missing, unsettled, lost_unknown, no_exit, last_event_ns, no_events
+    #: rank -> dropped, damaged, invalid, missing, unsettled, lost_unknown, uncarried, no_exit, last_event_ns,
+    #: no_events
     per_rank: dict[str, dict[str, Any]]
     more_ranks: int = ABSENT  # incomplete ranks beyond the first 256
     fr_ring_overwritten: dict[str, int] = ABSENT
@@ -65,7 +66,8 @@ class Incomplete(Evidence):
         rows = [[r, d.get("dropped"), d.get("damaged"), d.get("invalid"), d.get("missing"),
                  "no events" if d.get("no_events") else "no exit" if d.get("no_exit") else
                  "not counted yet" if d.get("unsettled") or d.get("emptied") else
-                 f"lost, count unknown ({d['lost_unknown']})" if d.get("lost_unknown") else ""]
+                 f"lost, count unknown ({d['lost_unknown']})" if d.get("lost_unknown") else
+                 "start not known" if d.get("uncarried") else ""]
                 for r, d in self.per_rank.items()]
         parts: list[RenderableType] = [evidence.table("lost per rank", ["rank", "dropped", "damaged", "invalid",
                                                                 "store lost", "end"], rows)]
@@ -190,6 +192,11 @@ def find_incomplete(model: TraceModel, now: int, stopped: bool = False, ended: b
         if gone:
             parts.append(words.format(ranges(gone, limit=8)))
     gone = [r for r, d in per_rank.items() if d.get("lost_unknown")]
+    uncarried = sorted(r for r, d in per_rank.items() if d.get("uncarried"))
+    if uncarried:
+        parts.append(f"what rank(s) {ranges(uncarried, limit=8)} were in where the read of their streams began is not "
+                     "known (the carry of the segment before, and that segment, are gone from the store): an op "
+                     "begun before may be missing")
     if foreign:
         parts.append(f"the stream(s) of rank(s) {ranges(sorted(foreign), limit=8)} are not of the run the others are "
                      "(a rank file copied in from another job, or a job id reused by another launch), kept out of "
@@ -217,4 +224,5 @@ def find_incomplete(model: TraceModel, now: int, stopped: bool = False, ended: b
     ts = max((int(model.ranks[r].last_ts) for r in ranks if r in model.ranks), default=model.end_ns)
     # Lost events may have held ops: never a healthy exit (check exits 1).
     return [Finding("trace_incomplete", None, None, None, ranks, ranks, msg, ev, ts=ts,
-                    severity=ERROR if lost or absent or unnamed or unsettled or emptied or gone or foreign else WARNING)]
+                    severity=ERROR if lost or absent or unnamed or unsettled or emptied or gone or foreign or uncarried
+                    else WARNING)]

@@ -83,6 +83,10 @@ class ReadStats:
     #: without persistence, or flushed, since): what it lost that was not read yet is not known
     #: until the writer writes again (and says it); taken back out then
     emptied_by_rank: dict[int, int] = dataclasses.field(default_factory=dict)
+    #: streams of a rank whose read began at a later segment (the oldest left, a window's
+    #: first) with what the rank was in there not known (the carry of the segment before, and
+    #: that segment, gone): an op begun before may be missing, so the trace is not whole
+    uncarried_by_rank: dict[int, int] = dataclasses.field(default_factory=dict)
     partial_tail: int = 0  # ranks whose last line is still incomplete
     #: events of segments retention deleted (store/retention.py), which their summaries stand for
     summarized: int = 0
@@ -179,6 +183,14 @@ class ReadStats:
         for e in dropped:
             if said_by_store(e) and e.get("entries"):
                 self.count_lost_lines(rank, int(e["entries"]), str(e["reason"])[len(STORE_LOST) + 2:])
+
+    def count_uncarried(self, rank: int, number: int) -> None:
+        """What ``rank`` was in when its segment ``number`` ended, where its read began, is not
+        known (``uncarried_by_rank``).  Before, a warning alone: a hang begun before, its
+        carry deleted by hand, read healthy, exit 0 (helper-177)."""
+        self.uncarried_by_rank[rank] = self.uncarried_by_rank.get(rank, 0) + 1
+        self.warnings.append(f"rank {rank}: what it was in when segment {number} ended is not known (not carried, "
+                             "and a segment before it is gone): an op begun before may be missing")
 
     def count_lost_lines(self, rank: int, n: int, why: str) -> None:
         """``n`` lines of ``rank``'s stream the store lost, as a writer's ``store_lost`` marker

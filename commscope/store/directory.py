@@ -1073,9 +1073,7 @@ class DirectoryReader(TraceReader):
                 data = inflight.made(self.job_dir, stream, segs, number)
         if data is None:
             if not again:
-                self.stats.warnings.append(f"rank {stream[0]}: what it was in when segment {number} ended is not "
-                                           "known (not carried, and a segment before it is gone): an op begun before may "
-                                           "be missing")
+                self.stats.count_uncarried(stream[0], number)
             return
         self._take_carry(stream, data, after_id)
 
