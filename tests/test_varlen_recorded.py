@@ -57,3 +57,28 @@ def test_varlen_ops_are_recorded_as_one_logical_op_each(tmp_path):
             assert {"wait_begin", "wait_end"} <= set(p2p[1]["phases"])  # the handle's wait()
     model = TraceModel.from_events(events)
     assert diagnose(model) == []
+
+
+def placeholder_work(rank: int, ws: int, store: str) -> list:
+    commscope.instrument(store, sample_interval=0.2)
+    from commscope import varlen
+
+    t = varlen.broadcast_v(torch.arange(4.0) if rank == 0 else "placeholder", src=0)  # (ignored: the docs say so)
+    c = varlen.scatter_v([torch.ones(r + 1) for r in range(ws)] if rank == 0 else {"unused": 1}, src=0)
+    dist.all_reduce(torch.ones(1))
+    return [t.tolist(), c.tolist()]
+
+
+def test_a_receiver_s_placeholder_is_recorded_as_its_varlen_op(tmp_path):
+    """Receivers of broadcast_v and scatter_v may pass anything (it is ignored): the native
+    recorder described it as tensors, failed, and ran the op unrecorded, its inner broadcast
+    counted as the rank's collective, so check said collective_mismatch (broadcast_v against
+    broadcast) over a job that ran well, exit 1 (helper-178)."""
+    store = tmp_path / "trace"
+    results = run_ranks(placeholder_work, 2, args=(str(store),))
+    assert [r.value for r in results] == [[[0.0, 1.0, 2.0, 3.0], [1.0]], [[0.0, 1.0, 2.0, 3.0], [1.0, 1.0]]]
+    events = read_events(store)
+    for rank in range(2):
+        top = [o for o in ops(events, rank) if not o.get("nested") and o.get("src") != "fr"]
+        assert [(o["op"], o["seq"]) for o in top] == [("broadcast_v", 1), ("scatter_v", 2), ("all_reduce", 3)], top
+    assert diagnose(TraceModel.from_events(events)) == []

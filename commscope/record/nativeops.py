@@ -194,12 +194,15 @@ class NativeOps:
         if isinstance(root, tuple):
             root = granks[root[1]] if 0 <= root[1] < len(granks) else None
         idesc = ib = odesc = ob = None
-        if ins:
-            idesc = tuple((t.shape, t.dtype) for t in ins)
-            ib = sum(t.nbytes for t in ins)
-        if outs:
-            odesc = tuple((t.shape, t.dtype) for t in outs)
-            ob = sum(t.nbytes for t in outs)
+        try:
+            if ins:
+                idesc = tuple((t.shape, t.dtype) for t in ins)
+                ib = sum(t.nbytes for t in ins)
+            if outs:
+                odesc = tuple((t.shape, t.dtype) for t in outs)
+                ob = sum(t.nbytes for t in outs)
+        except Exception:  # (not tensors: a receiver's placeholder the op ignores, or input it refuses:
+            idesc = ib = odesc = ob = None  # recorded unsized, as pyhot does; it ran unrecorded, helper-178)
         fields = ops.begin_fields(name, gname, peer, direction, root, redop,
                                   idesc if idesc and len(idesc) > 1 else (idesc[0] if idesc else None), ib,
                                   odesc if odesc and len(odesc) > 1 else (odesc[0] if odesc else None), ob,
