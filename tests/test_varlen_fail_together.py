@@ -268,3 +268,30 @@ def test_send_tensors_refuses_non_lists_on_both_sides():
     assert "generator broke" in sent["raising_generator"]
     hint = "at most 43688 1-d tensors fit, fewer with more dims; concatenate them (torch.cat)"
     assert "50000 tensors need a" in sent["too_many"] and hint in sent["too_many"] and hint in got["too_many"]
+
+
+def isend_bad_then_collective(rank: int, ws: int) -> str:
+    """Rank 0 posts isend_tensors of a bad list and goes on to a collective before rank 1
+    posts its receive: rank 0 raises at once, rank 1 when it receives."""
+    try:
+        if rank == 0:
+            try:
+                varlen.isend_tensors([torch.ones(2), "oops"], dst=1)
+            except ValueError as exc:
+                varlen.all_gather_v(torch.ones(1))
+                return str(exc)
+            return "no error"
+        varlen.all_gather_v(torch.ones(1))
+        varlen.recv_tensors(src=0)
+        return "received"
+    except ValueError as exc:
+        return str(exc)
+
+
+def test_isend_tensors_of_a_bad_list_raises_at_once_and_the_receiver_too():
+    """Its error header was waited for, which on Gloo lasts until the receiver posts: a sender
+    that went on to a collective first never got its ValueError, and both ranks hung until
+    the group's timeout (helper-178)."""
+    sent, got = (r.value for r in run_ranks(isend_bad_then_collective, 2, timeout=120))
+    assert sent == "isend_tensors: tensor #1 is an item that is not a torch.Tensor", sent
+    assert got.startswith("recv_tensors: the sender (rank 0) failed: it passed "), got

@@ -231,10 +231,19 @@ class SendWork:
         POOL.give(self._pooled)  # the send is done with it
         self._pooled = None
 
+#: Error headers posted and not yet known to be delivered (``_refuse``): kept alive until then.
+#: Gloo's sends say they completed only once waited on, so those stay (a few bytes an error)
+_REFUSED: list[_HeaderSend] = []
+
+
 def _refuse(g: meta.Group, peer: int, eager: bool, code: int, message: str) -> ValueError:
-    """Tell the receiver (an error header), so it raises too instead of waiting for a
-    payload that never comes; return the sender's own error."""
-    _send_header([MAGIC, -code, 0, HEAD, 0, 0], g, peer, eager).wait()
+    """Tell the receiver (an error header, posted and not waited for), so it raises too
+    instead of waiting for a payload that never comes; return the sender's own error.
+    Waited for, the header held ``isend_tensors`` until the receiver posted (a Gloo send
+    completes then): a sender that went on to a collective before its receiver's recv
+    never got its error, and both ranks hung until the group's timeout (helper-178)."""
+    _REFUSED[:] = [w for w in _REFUSED if not w.is_completed()]
+    _REFUSED.append(_send_header([MAGIC, -code, 0, HEAD, 0, 0], g, peer, eager))
     return ValueError(message)
 
 
