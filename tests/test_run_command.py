@@ -133,6 +133,33 @@ def test_run_forwards_a_killed_rank_s_records_with_its_cause(tmp_path):
     assert (ex["reason"], ex["signal"], ex["src"]) == ("killed", "Killed", "launcher")
 
 
+INTERRUPTED = textwrap.dedent("""
+    import os, signal, sys, time, torch, torch.distributed as dist
+    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + sys.argv[1], rank=0, world_size=1)
+    for _ in range(5):
+        dist.all_reduce(torch.ones(1))
+    os.kill(os.getpid(), signal.SIGINT)  # as Ctrl-C does: a KeyboardInterrupt, uncaught
+    time.sleep(60)
+""")
+
+
+def test_a_rank_stopped_by_ctrl_c_says_so_in_its_exit(tmp_path):
+    """A KeyboardInterrupt that leaves the program (Ctrl-C) is a stop, as a SIGTERM its
+    handler took: the exit says ``stop_signal`` Interrupt and when.  Before, it said only
+    "atexit", and a rank stopped between ops while its peers waited in a collective was named
+    missing from it: an error, exit 1, over a healthy job (helper-176)."""
+    from commscope.launch import free_port
+
+    script = tmp_path / "interrupted.py"
+    script.write_text(INTERRUPTED)
+    proc = commscope("run", "--store", "trace", "--", sys.executable, str(script), str(free_port()), cwd=tmp_path)
+    assert proc.returncode == 130 and "KeyboardInterrupt" in proc.stderr, proc.stderr  # (128 + SIGINT)
+    events = read_events(tmp_path / "trace")
+    (ex,) = of_type(events, "exit", 0)
+    last_op = max(o["phases"]["end"]["ts"] for o in ops(events, 0))
+    assert (ex["reason"], ex["stop_signal"]) == ("atexit", "Interrupt") and last_op < ex["stop_ts"] <= ex["ts"], ex
+
+
 COUNTED = textwrap.dedent("""
     import sys, torch, torch.distributed as dist
     dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + sys.argv[1], rank=0, world_size=1)

@@ -32,6 +32,7 @@ from commscope.analysis import evidence, rankstate, stacks
 from commscope.analysis.errors import INTERRUPTED, NAMED, PEER_GONE, RELAYED, TIMEOUT, first_line
 from commscope.analysis.evidence import ABSENT, Evidence, record
 from commscope.analysis.findings import (
+    WARNING,
     Finding,
     activity,
     no_such_peer_text,
@@ -458,9 +459,12 @@ def find_failed_ops(model: TraceModel, now: int, failures: list[Failure]) -> lis
                         for x in fs[1:1 + FAILED_REPORT]]
         victims = {r: f.blame.culprits for r in f.failed if r not in f.blame.culprits}
         members = sorted(set(model.members(r0, i0)) | set(f.failed))
+        # (the user stopped a running job: nothing failed that anyone should mend, so no error,
+        # and check exits 0 on it, not 1 (helper-176); one stopped while hung names the hang)
+        stopped = f.blame.reason == "interrupted" and not f.blame.culprits
         out.append(Finding("op_failed", s.group, seq if seq >= 0 else None, s.op, members,
                            list(f.blame.culprits), msg, ev, ts=f.first_ns, victims=victims,
-                           instances=tuple(x.key for x in fs)))
+                           instances=tuple(x.key for x in fs), severity=WARNING if stopped else ""))
     return out
 
 

@@ -128,6 +128,9 @@ class Recorder:
         self.exit_frame: Any = None  # the main thread's outermost frame at that ``sys.exit``
         self.exited = False
         self._exit: tuple[int, str, int | None] | None = None  # (ts, reason, exit code) once marked
+        #: when a KeyboardInterrupt left the program uncaught (Ctrl-C, a SIGINT: ``_excepthook``);
+        #: its exit says the rank was stopped (``stop_signal``), as a SIGTERM its handler took
+        self.interrupted: int | None = None
         # The exit's way out, which the recorder thread and a caller past FINAL_HOLD_S both
         # take (``_keep_exit``): once queued, stored, kept in the spool for a forwarder.
         self._exit_lock = threading.Lock()
@@ -232,7 +235,7 @@ class Recorder:
         forwarder: the thread's next tick, a reader).  Under the tick lock."""
         self._do_tick(final=True, deadline=deadline, forward=False)
         self.outbox = self._new_outbox()
-        self.exited, self._exit, self.crash = False, None, None
+        self.exited, self._exit, self.crash, self.interrupted = False, None, None, None
         self._exit_line, self._exit_stored, self._exit_kept = None, False, False
         self._spool_tried, self._no_spool = False, None
         self._stored_noted = -1
@@ -472,6 +475,8 @@ class Recorder:
             exit_ev["exc"] = self.crash
         if sp is not None:  # (a SIGTERM a handler of the program's own took, and when)
             exit_ev.update(sp.stop_noted())
+        if self.interrupted is not None and "stop_signal" not in exit_ev:  # (Ctrl-C: ``_excepthook``)
+            exit_ev.update(stop_signal="Interrupt", stop_ts=self.interrupted)
         return exit_ev
 
     def _exit_landed(self) -> None:
@@ -843,7 +848,11 @@ _prev_excepthook: Any = None
 def _excepthook(exc_type, exc, tb):
     """Note an unhandled exception so the ``exit`` event says the process crashed."""
     rec = _active
-    if rec is not None and not issubclass(exc_type, KeyboardInterrupt | SystemExit):
+    if rec is not None and issubclass(exc_type, KeyboardInterrupt) and rec.interrupted is None:
+        # (a user's Ctrl-C: its exit said "atexit", and a rank stopped between ops while its
+        # peers waited was named missing, exit 1, over a healthy job: helper-176)
+        rec.interrupted = time.time_ns()
+    elif rec is not None and not issubclass(exc_type, KeyboardInterrupt | SystemExit):
         from commscope.record.ops import fmt_exc
 
         rec.crash = fmt_exc(exc) if exc is not None else exc_type.__name__
