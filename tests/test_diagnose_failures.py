@@ -13,7 +13,16 @@ import json
 import pytest
 
 from commscope.analysis import TraceModel, diagnose, rankstate, stacks
-from commscope.analysis.errors import INTERRUPTED, LOCAL, NAMED, PEER_GONE, RELAYED, TIMEOUT, classify
+from commscope.analysis.errors import (
+    FAULTED,
+    INTERRUPTED,
+    LOCAL,
+    NAMED,
+    PEER_GONE,
+    RELAYED,
+    TIMEOUT,
+    classify,
+)
 from commscope.analysis.stacks import fold
 from commscope.analysis.synth import S, TraceBuilder
 
@@ -72,6 +81,14 @@ def test_exception_texts_are_classified():
     assert classify("RuntimeError: ProcessGroupGloo::allgather: invalid tensor size at index 0").kind == LOCAL
     assert classify("KeyboardInterrupt").kind == INTERRUPTED
     assert classify("RuntimeError: KeyboardInterrupt raised by the user's code").kind == LOCAL
+    # (the varlen toolkit names the ranks at fault, global ranks where a group's differ; not the
+    # ranks a disagreement lists "on ranks [...]": helper-178 saw every rank blamed)
+    assert classify("ValueError: all_gather_v: dtype differs across ranks (float32 on ranks [0, 2, 3]; float64 on "
+                    "ranks [1]); offending ranks [1]") == (FAULTED, (1,))
+    assert classify("ValueError: gather_v: ranks [1] (global [3]) passed a nested tensor; ranks [2] (global [5]) "
+                    "passed a meta tensor") == (FAULTED, (3, 5))
+    assert classify("ValueError: recv_tensors: the sender (rank 0) failed: it passed a bare tensor") == (FAULTED, (0,))
+    assert classify("ValueError: send_tensors: expected a list or tuple of tensors, got int").kind == LOCAL
 
 
 def test_stacks_fold_the_plumbing_and_keep_user_frames():
@@ -436,6 +453,23 @@ def test_ctrl_c_on_a_rank_between_ops_while_its_peers_wait_is_a_stop_not_a_missi
         b.add(r, t + 120 * MS, "exit", reason="signal", signal="Terminated", src="spool")
     _, f = replay(b, set() if noted else {1}, hang_after=3.0)
     assert errors(f) == ([] if noted else [("missing_ranks", [1])]), [x.to_json() for x in f]
+
+
+def test_a_varlen_op_every_rank_refused_together_is_blamed_on_the_rank_it_names():
+    """Rank 1 alone passed float64 to all_gather_v: every rank raises the toolkit's ValueError
+    naming it; the op_failed names rank 1 alone, the others its victims.  Before, each rank
+    was blamed for raising "itself": culprits 0-3 (helper-178)."""
+    b = TraceBuilder(4)
+    t = b.warmup()
+    text = ("ValueError: all_gather_v: dtype differs across ranks (float32 on ranks [0, 2, 3]; float64 on ranks "
+            "[1]); offending ranks [1]")
+    for r in range(4):
+        i = b.begin(r, t + r * MS, "all_gather_v", dtype="float64" if r == 1 else "float32")
+        b.end(r, i, t + 5 * MS, exc=text)
+    b.heartbeats(b.t0, t + S)
+    _, f = replay(b, {1})
+    assert errors(f) == [("op_failed", [1])]
+    assert f[0].evidence["blame"]["reason"] == "faulted" and f[0].victims == {0: (1,), 2: (1,), 3: (1,)}
 
 
 def test_a_rank_that_left_cleanly_inside_an_op_waited_only_until_it_left():

@@ -20,6 +20,9 @@ TIMEOUT = "timeout"  # the group's own timeout fired: some member never arrived
 NAMED = "named"  # monitored_barrier: the text names the ranks that never arrived
 RELAYED = "relayed"  # this rank only heard that another rank's op failed
 INTERRUPTED = "interrupted"  # the user stopped the rank while it waited (Ctrl-C): some member may never have come
+#: the varlen toolkit's check of what every rank passed names the ranks at fault (all raise its
+#: ValueError together: "offending ranks [1]", "ranks [1] passed ...", "the sender (rank 0) failed")
+FAULTED = "faulted"
 LOCAL = "local"  # anything else: the op raised on its own
 
 _PEER_GONE = re.compile(
@@ -33,9 +36,17 @@ _RELAYED = re.compile(r"successfully reached monitoredBarrier, but received erro
                       r"send/recv from rank (\d+)")
 
 
+#: The varlen toolkit's words for the ranks whose input was at fault (``varlen._meta``: a group's
+#: ranks, with the global ones after them where they differ; ``varlen._p2p``: a global rank)
+_FAULTED_RANKS = re.compile(r"\b(?:offending ranks|(?<!\bon )ranks(?= \[[\d, ]*\](?: \(global \[[\d, ]*\]\))? passed )) "
+                            r"\[([\d, ]*)\](?: \(global \[([\d, ]*)\]\))?")
+_FAULTED_PEER = re.compile(r"\bthe sender \(rank (\d+)\) failed|\bthe message from rank (\d+) is not a "
+                           r"send_tensors|\bcorrupt header from rank (\d+)")
+
+
 class ExcKind(NamedTuple):
     kind: str
-    ranks: tuple[int, ...] = ()  # NAMED: the ranks named; RELAYED: the rank relayed from
+    ranks: tuple[int, ...] = ()  # NAMED, FAULTED: the ranks named; RELAYED: the rank relayed from
 
 
 def classify(text: str) -> ExcKind:
@@ -52,6 +63,11 @@ def classify(text: str) -> ExcKind:
         return ExcKind(TIMEOUT)
     if _INTERRUPTED.match(text):
         return ExcKind(INTERRUPTED)
+    line = first_line(text, 1 << 16)
+    faulted = {int(x) for m in _FAULTED_RANKS.finditer(line) for x in re.findall(r"\d+", m.group(2) or m.group(1))}
+    faulted |= {int(x) for m in _FAULTED_PEER.finditer(line) for x in m.groups() if x is not None}
+    if faulted:  # (before, each rank was blamed for raising "itself": the victims too, helper-178)
+        return ExcKind(FAULTED, tuple(sorted(faulted)))
     return ExcKind(LOCAL)
 
 

@@ -29,7 +29,7 @@ from rich.console import RenderableType
 from rich.text import Text
 
 from commscope.analysis import evidence, rankstate, stacks
-from commscope.analysis.errors import INTERRUPTED, NAMED, PEER_GONE, RELAYED, TIMEOUT, first_line
+from commscope.analysis.errors import FAULTED, INTERRUPTED, NAMED, PEER_GONE, RELAYED, TIMEOUT, first_line
 from commscope.analysis.evidence import ABSENT, Evidence, record
 from commscope.analysis.findings import (
     WARNING,
@@ -345,6 +345,9 @@ def _blame_one(model: TraceModel, r: int, i: int, now: int, arrivals: _Arrivals,
     t = model.failed_ns(r, i)
     if kind.kind == NAMED:
         return Blame(kind.ranks, "named", f"{ranks_text(kind.ranks)} never arrived (named by the exception)")
+    if kind.kind == FAULTED:
+        return Blame(kind.ranks, "faulted", f"{ranks_text(kind.ranks)} passed what the op refused (named by the "
+                                            "exception every rank raised)")
     if kind.kind == RELAYED:
         return None
     if kind.kind == TIMEOUT:
