@@ -161,7 +161,9 @@ NOT_WHOLE = ["all_gather_v", "gather_v", "all_to_all_v", "reduce_scatter_v", "sc
 NOT_REDUCED = ["int16", "uint16", "uint64", "float8_e4m3fn"]
 #: A bitwise reduce op on floats: Gloo raised its own RuntimeError (helper-169), on whichever rank
 BITWISE_ON_FLOATS = {"BAND float32": (dist.ReduceOp.BAND, torch.float32, False),
-                     "BXOR bfloat16 uneven": (dist.ReduceOp.BXOR, torch.bfloat16, True)}
+                     "BXOR bfloat16 uneven": (dist.ReduceOp.BXOR, torch.bfloat16, True),
+                     # (NCCL's premul-sum: Gloo's RuntimeError "Cannot use ReduceOp.PREMUL_SUM", helper-178)
+                     "premul-sum": (dist._make_nccl_premul_sum(2.0), torch.float32, False)}
 
 
 def every_not_whole(rank: int, ws: int) -> dict:
@@ -191,6 +193,7 @@ def test_a_dim_root_or_size_that_is_not_an_integer_or_a_dtype_or_op_gloo_cannot_
         assert results[0][name].startswith(f"reduce_scatter_v: gloo cannot reduce torch.{name} tensors"), name
     assert results[0]["BAND float32"] == ("reduce_scatter_v: ReduceOp.BAND needs an integer or bool dtype, "
                                           "got torch.float32")
+    assert results[0]["premul-sum"].startswith("reduce_scatter_v: gloo has no premul-sum reduce op")
 
 
 def check_on_one_side(rank: int, ws: int) -> dict:
@@ -266,6 +269,8 @@ def test_send_tensors_refuses_non_lists_on_both_sides():
     assert "got a bare tensor (wrap it: [t])" in sent["1d_tensor"] and "wrap it: [t]" in got["1d_tensor"]
     assert "got NoneType" in sent["none"]
     assert "generator broke" in sent["raising_generator"]
+    assert got["raising_generator"].endswith("an iterable of tensors that raised while it was read (its own error "
+                                             "says why)")  # (it said "something other than a list", helper-178)
     hint = "at most 43688 1-d tensors fit, fewer with more dims; concatenate them (torch.cat)"
     assert "50000 tensors need a" in sent["too_many"] and hint in sent["too_many"] and hint in got["too_many"]
 

@@ -646,6 +646,9 @@ def _reduce_op(name: str, op, dtype: torch.dtype, backend: str, size: int):
         if dtype.is_floating_point:  # (Gloo: "Cannot use ReduceOp.BAND with non-integral dtype", on one rank)
             raise ValueError(f"{name}: ReduceOp.{_op_name(meta.reduce_op_code(op))} needs an integer or bool "
                              f"dtype, got {dtype}")
+    if backend == "gloo" and meta.reduce_op_code(op) == -1:  # (a premul-sum: Gloo raised its RuntimeError)
+        raise ValueError(f"{name}: gloo has no premul-sum reduce op (dist._make_nccl_premul_sum is NCCL's): scale "
+                         "the input, then ReduceOp.SUM")
     if backend == "gloo" and dtype not in GLOO_REDUCES:
         raise ValueError(f"{name}: gloo cannot reduce {dtype} tensors (it reduces "
                          + ", ".join(sorted(str(d).removeprefix("torch.") for d in GLOO_REDUCES)) + ")")

@@ -56,7 +56,7 @@ SPLIT_MIN_AVG_BYTES = 1 << 20
 #: How many 1-d tensors one Gloo header describes (``EAGER_CAP`` bytes; each tensor takes 2 + ndim words).
 MAX_1D_TENSORS = (EAGER_CAP // 8 - HEAD) // 3
 _ERR_NOT_TENSOR, _ERR_DTYPE, _ERR_LAYOUT, _ERR_TOO_MANY, _ERR_NESTED, _ERR_NO_DATA, _ERR_UNREADABLE, \
-    _ERR_NOT_LIST, _ERR_PACK = range(1, 10)
+    _ERR_NOT_LIST, _ERR_PACK, _ERR_ITER = range(1, 11)
 _TOO_MANY_HINT = (f"at most {MAX_1D_TENSORS} 1-d tensors fit, fewer with more dims; concatenate them "
                   "(torch.cat) or send them in several calls")
 _ERR_TEXT = {
@@ -66,6 +66,7 @@ _ERR_TEXT = {
     _ERR_TOO_MANY: f"more tensors than one {EAGER_CAP >> 20} MiB Gloo header can describe ({_TOO_MANY_HINT})",
     _ERR_NOT_LIST: "something other than a list or tuple of tensors (a bare tensor? wrap it: [t])",
     _ERR_PACK: "tensors it failed to read while packing them",
+    _ERR_ITER: "an iterable of tensors that raised while it was read (its own error says why)",
     _ERR_NESTED: meta.STATUS_TEXT[meta.NESTED],
     _ERR_NO_DATA: meta.STATUS_TEXT[meta.NO_DATA],
     _ERR_UNREADABLE: meta.STATUS_TEXT[meta.UNREADABLE],
@@ -236,19 +237,27 @@ class SendWork:
 _REFUSED: list[_HeaderSend] = []
 
 
-def _refuse(g: meta.Group, peer: int, eager: bool, code: int, message: str) -> ValueError:
-    """Tell the receiver (an error header, posted and not waited for), so it raises too
-    instead of waiting for a payload that never comes; return the sender's own error.
-    Waited for, the header held ``isend_tensors`` until the receiver posted (a Gloo send
-    completes then): a sender that went on to a collective before its receiver's recv
-    never got its error, and both ranks hung until the group's timeout (helper-178)."""
-    _REFUSED[:] = [w for w in _REFUSED if not w.is_completed()]
-    _REFUSED.append(_send_header([MAGIC, -code, 0, HEAD, 0, 0], g, peer, eager))
+def _refuse(g: meta.Group, peer: int, eager: bool, wait: bool, code: int, message: str) -> ValueError:
+    """Tell the receiver (an error header), so it raises too instead of waiting for a
+    payload that never comes; return the sender's own error.  ``wait``: until the header
+    left, as a blocking ``send_tensors`` waits for its payload (on Gloo, until the receiver
+    posted: a sender that leaves at once would otherwise close the connection first, and its
+    receiver read a connection error).  Not ``isend_tensors``: it held the caller until the
+    receiver posted, and a sender that went on to a collective before its receiver's recv
+    never got its error, both ranks hung until the group's timeout (helper-178); its header
+    is kept until it left, and its receiver raises when it posts, while the sender is still
+    in the group."""
+    header = _send_header([MAGIC, -code, 0, HEAD, 0, 0], g, peer, eager)
+    if wait:
+        header.wait()
+    else:
+        _REFUSED[:] = [w for w in _REFUSED if not w.is_completed()]
+        _REFUSED.append(header)
     return ValueError(message)
 
 
 def post_send(tensors: Sequence[torch.Tensor], dst: int, group, *, mode: int | None = None,
-              fn: str = "isend_tensors") -> SendWork:
+              fn: str = "isend_tensors", blocking: bool = False) -> SendWork:
     """Post the header and the payload; the pack copy (if any) happens here, synchronously.
 
     Everything that can fail on the caller's input (not a list, a bad tensor, too many, a
@@ -258,21 +267,22 @@ def post_send(tensors: Sequence[torch.Tensor], dst: int, group, *, mode: int | N
     eager = _eager(g)
     kind = type(tensors).__name__
     if isinstance(tensors, torch.Tensor):  # iterating it would send its rows as separate tensors
-        raise _refuse(g, peer, eager, _ERR_NOT_LIST,
+        raise _refuse(g, peer, eager, blocking, _ERR_NOT_LIST,
                       f"{fn}: expected a list or tuple of tensors, got a bare tensor (wrap it: [t])")
     try:
         tensors = list(tensors)
     except Exception as exc:  # None, an int, a generator that raises
-        raise _refuse(g, peer, eager, _ERR_NOT_LIST,
-                      f"{fn}: expected a list or tuple of tensors, got {kind}" if not hasattr(tensors, "__iter__")
-                      else f"{fn}: reading the tensors from the {kind} failed: {exc}") from exc
+        iterable = hasattr(tensors, "__iter__")  # (one that raised: not "not a list", helper-178)
+        raise _refuse(g, peer, eager, blocking, _ERR_ITER if iterable else _ERR_NOT_LIST,
+                      f"{fn}: reading the tensors from the {kind} failed: {exc}" if iterable
+                      else f"{fn}: expected a list or tuple of tensors, got {kind}") from exc
     bad, entries, offsets, total, kinds = _describe(tensors)
     if bad is None and eager and 8 * (HEAD + len(entries)) > EAGER_CAP:
-        raise _refuse(g, peer, eager, _ERR_TOO_MANY,
+        raise _refuse(g, peer, eager, blocking, _ERR_TOO_MANY,
                       f"{fn}: {len(tensors)} tensors need a {8 * (HEAD + len(entries))}-byte header, more than "
                       f"one {EAGER_CAP >> 20} MiB Gloo header holds ({_TOO_MANY_HINT})")
     if bad is not None:
-        raise _refuse(g, peer, eager, bad[1], f"{fn}: tensor #{bad[0]} is {_ERR_TEXT[bad[1]]}")
+        raise _refuse(g, peer, eager, blocking, bad[1], f"{fn}: tensor #{bad[0]} is {_ERR_TEXT[bad[1]]}")
     dev = g.data_device(kinds.pop()) if len(kinds) == 1 else g.meta_device
     header = [MAGIC, len(tensors), total, HEAD + len(entries), meta.device_code(dev), 0, *entries]
     fits = eager and _aligned(8 * len(header)) + total <= EAGER_CAP
@@ -298,7 +308,7 @@ def post_send(tensors: Sequence[torch.Tensor], dst: int, group, *, mode: int | N
             payload = []
     except Exception as exc:
         POOL.give(pooled)
-        raise _refuse(g, peer, eager, _ERR_PACK, f"{fn}: copying the tensors failed: {exc}") from exc
+        raise _refuse(g, peer, eager, blocking, _ERR_PACK, f"{fn}: copying the tensors failed: {exc}") from exc
     if mode == EAGER:
         return SendWork([_isend(payload[0], g, peer)], payload, pooled)
     head = _send_header(header, g, peer, eager)
@@ -509,7 +519,7 @@ def send_tensors(tensors: Sequence[torch.Tensor], dst: int, *, group: dist.Proce
     point-to-point ops run in posting order on one stream: two ranks that send to each
     other at the same time must order it (one sends while the other receives), exactly as
     with ``dist.send``/``dist.recv``."""
-    post_send(tensors, dst, group, fn="send_tensors").wait()
+    post_send(tensors, dst, group, fn="send_tensors", blocking=True).wait()
 
 
 def recv_tensors(src: int, *, group: dist.ProcessGroup | None = None) -> list[torch.Tensor]:
