@@ -693,16 +693,20 @@ def test_a_store_lost_marker_inside_a_file_counts_its_lines_and_no_cut_after_it(
         "rank 0: 5 line(s) of its stream were lost: the source of this copy had lost them"]
 
 
-@pytest.mark.parametrize("started", ["retention", "window"])
-def test_a_reader_entering_at_a_file_its_writer_started_again_counts_only_what_the_file_lost(tmp_path, started):
+@pytest.mark.parametrize("started", ["retention", "window", "whole read by workers",
+                                     "retention, whole read by workers"])
+def test_a_reader_entering_at_a_file_its_writer_started_again_counts_only_what_the_file_lost(tmp_path, monkeypatch,
+                                                                                                 started):
     """The segment a writer was writing is deleted under it (its ``store_lost`` marker then
     starts the file again, counting every line the writer wrote), then retention deletes
     every segment before that one (summarized), or a window starts in it: a reader that
     enters the stream there counts as lost only the lines of the deleted file, those before
     being summarized or skipped, as the summary (``lines_upto``) or the segment before
     says.  Before, the file started again has no meta to say the lines before it, and the
-    marker counted every line its writer wrote (911 where 21 were lost, helper-175)."""
+    marker counted every line its writer wrote (911 where 21 were lost, helper-175); a whole
+    read's workers, which count no lines, did so still (315 for 21, helper-179)."""
     from commscope.store import retention
+    from commscope.store.directory import DirectoryWriter
     from commscope.window import Since
 
     w = _Beating(tmp_path)
@@ -720,16 +724,24 @@ def test_a_reader_entering_at_a_file_its_writer_started_again_counts_only_what_t
 
     restarted = next(seg for seg in listed() if seg.number == again)
     assert inflight.starts_again(restarted.path.read_bytes())
+    other = DirectoryWriter(tmp_path, "job", 1, {"world_size": 2}, closer=False)  # (2 streams: a job of workers)
+    other.write([orjson.dumps({"type": "meta", "ts": _T0, "v": 3, "rank": 1, "world_size": 2, "host": "h"})])
+    other.close()
+    started_workers = _read_by_workers(monkeypatch) if "workers" in started else None
     reader = open_reader(str(tmp_path))
-    if started == "retention":
+    if started.startswith("retention"):
         keep = sum(seg.path.stat().st_size for seg in listed() if seg.number >= again)
         assert retention.close_stream(job_dir, 0, 0, retention.Retention(keep, None)) == again
         assert listed()[0].number == again
-    else:
+    elif started == "window":
         reader.start_at(Since(at_ns=(restarted.start_s + 1) * 10**9))
-    reader.read_all()
+    if started_workers is not None:
+        assert sum(b.count() for b in reader.bulk(1 << 12)) > 0 and started_workers
+    else:
+        reader.read_all()
     assert reader.stats.missing_by_rank == {0: deleted}, reader.stats.warnings
-    assert (reader.stats.summarized_by_rank if started == "retention" else reader.stats.skipped_by_rank)[0] > 0
+    if started != "whole read by workers":
+        assert (reader.stats.skipped_by_rank if started == "window" else reader.stats.summarized_by_rank)[0] > 0
 
 
 @pytest.mark.parametrize("deleted", ["before", "under"])

@@ -686,6 +686,8 @@ class DirectoryReader(TraceReader):
         self._partial: dict[Stream, bool] = {}
         self._next = 0  # the stream a budgeted poll starts with (they take turns)
         self._streams: dict[Stream, list[Segment]] = {}
+        #: the streams a whole read's worker was given to read (``read_whole``), with their segments
+        self._given: dict[Stream, list[Segment]] = {}
         self._segment_names: frozenset[str] = frozenset()  # the names ``_streams`` was grouped from
         self._summaries: dict[Stream, Path] = {}
         self._crash_names: list[str] = []  # crash files (``crashlog``) as the directory was last listed
@@ -1631,7 +1633,7 @@ class DirectoryReader(TraceReader):
         summary says them (``lines_upto``) where retention deleted it."""
         if number == 0:
             return 0
-        prev = next((s for s in self._streams.get(stream, ()) if s.number == number - 1), None)
+        prev = next((s for s in self._segments_of(stream) if s.number == number - 1), None)
         if prev is None:
             upto = next((e.get("lines_upto") for e in self._in_summary_file(stream, 0) if e["seg"] == number - 1), None)
             return upto if isinstance(upto, int) else None
@@ -1643,6 +1645,11 @@ class DirectoryReader(TraceReader):
         except OSError:
             return None
         return before + count_lines(data, len(data)) + (bool(data) and not data.endswith(b"\n"))  # (a torn last line)
+
+    def _segments_of(self, stream: Stream) -> list[Segment]:
+        """The segments of ``stream`` as listed, or as a whole read's worker was given them
+        (``read_whole``: it lists nothing)."""
+        return self._streams.get(stream) or self._given.get(stream, [])
 
     #: The bytes of a segment's head read for its meta's ``lines_before`` (``_lines_before_segment``)
     HEAD_BYTES = 1 << 16
@@ -1659,7 +1666,7 @@ class DirectoryReader(TraceReader):
         rebased = self._rebased_at.get(stream)
         if rebased is not None and rebased.segment == number:
             return rebased.lines
-        seg = next((s for s in self._streams.get(stream, ()) if s.number == number), None)
+        seg = next((s for s in self._segments_of(stream) if s.number == number), None)
         if seg is None:
             said = next((e.get("lines_before") for e in self._in_summary_file(stream, 0) if e["seg"] == number), None)
             return said if isinstance(said, int) else None
@@ -1792,7 +1799,7 @@ class DirectoryReader(TraceReader):
             if before is not None:
                 self._lines_read[stream] = before
         if not offset and cut and inflight.starts_again(data):
-            events = self._started_again(stream, data[:cut], cut)
+            events = self._started_again(stream, key[1], data[:cut], cut)
         else:
             if replaced:
                 self.stats.warnings.append(f"rank {rank}: {path.name} was written again under its name; "
@@ -1857,7 +1864,7 @@ class DirectoryReader(TraceReader):
     #: and made again at once often gets the same one back
     SAME_FILE_BYTES = 32
 
-    def _started_again(self, stream: Stream, raw: bytes, size: int) -> list[Event]:
+    def _started_again(self, stream: Stream, number: int, raw: bytes, size: int) -> list[Event]:
         """The first chunk of a file its writer started again after the store lost what it
         held (``DirectoryWriter.write``: a ``store_lost`` marker, the rank's meta, what the
         rank was in).  The begins this reader read before it are not read twice (a stream's
@@ -1872,7 +1879,10 @@ class DirectoryReader(TraceReader):
             before = self.decode_queued()
             self.queue_chunks()
         read = self.max_op_id(stream)
-        self._lines_before[stream] = self._lines_read.get(stream, 0)
+        # (a whole read's worker counts no lines: those before the file, as the segment before or
+        # its summary says them; it counted every line the writer wrote, 315 for 21, helper-179)
+        self._lines_before[stream] = self._lines_read.get(stream, 0) if self.counts_lines else \
+            self._lines_up_to(stream, number) or 0
         return before + self.ingest(stream, inflight.without_begins(raw, read) if read >= 0 else raw, size).events
 
     def close(self) -> None:
@@ -2013,6 +2023,7 @@ class DirectoryReader(TraceReader):
         JSON op events too, where columns say them exactly (``jsonops``: a worker sends them
         back as arrays, not dicts), and its heartbeats and samples (``Batch.beats``)."""
         self.columnar = True
+        self._given = streams
         events: list[Event] = []
         entries: list[beats.Entry | None] = []  # (None: the next of ``rows``' entries)
         rows: list[tuple[int, list[beatscan.Taken]]] = []  # the streams whose heartbeats and samples are rows
@@ -2185,8 +2196,10 @@ def read_streams(job: Job) -> StreamsRead:
     r = DirectoryReader(job.job_dir, since_ns=job.since_ns)
     r._statics = _worker_table(job.job_dir)
     # (a whole read's counts no lines: ~1 GB/s, a fifth of a worker's time at 4k ranks, for a
-    # ``store_lost`` marker read after it, which a whole read does not read; a console's first
-    # read does count them, its polls going on: ``_count_store_lost`` takes a marker against them)
+    # ``store_lost`` marker read after it, which a whole read does not read; one it reads, first
+    # in a file its writer started again, is taken against the lines before that file as the
+    # segment before says them, ``_started_again``; a console's first read does count them, its
+    # polls going on: ``_count_store_lost`` takes a marker against them)
     r.counts_lines = job.counts_lines
     batch = r.read_whole(job.streams)
     going_on = job.counts_lines  # (what a marker read after it is taken against: not a whole read's)
