@@ -269,3 +269,40 @@ def test_a_directory_copy_keeps_every_segment_whatever_retention_the_environment
     out = json.loads(capsys.readouterr().out)
     metas = sum(len(v) - 1 for v in segs.values())  # (each segment after the first opens with the meta)
     assert out["events"] == events + metas and out["skipped"]["summarized"] == 0, out["skipped"]
+
+
+@pytest.mark.parametrize("to", ["directory", "redis"])
+def test_a_copy_of_a_trace_whose_read_begins_where_nothing_says_what_ranks_were_in_is_not_healthy(
+        redis_url, tmp_path, capsys, to):
+    """A 3 h hang begun in segments retention summarized, the carry of the newest one deleted
+    by hand from ranks 0-2: check on the source says it cannot tell what they were in (an
+    error); a copy, whose streams start afresh, says the same, its findings the source's.
+    Before, the copy read healthy but for a warning, exit 0 (helper-179); and its markers,
+    timed now among a week-old trace's events, made rank 3 the one silent: dead_rank."""
+    import json
+    from pathlib import Path
+
+    from commscope.bench.synthstore import JobShape, write_store
+    from commscope.store import retention
+
+    store = tmp_path / "trace"
+    write_store(str(store), JobShape(4, 400, fault="missing", days=7, segment_bytes=16 << 10, tail_s=10800))
+    job = store / "synthetic"
+    for r in range(4):
+        assert retention.close_stream(job, r, 0, retention.parse("1MiB")) > 0
+    newest = json.loads((job / "rank-00000.summary.jsonl").read_bytes().splitlines()[-1])["seg"]
+    for r in range(3):
+        (job / f"rank-{r:05d}.open.{newest:06d}.jsonl").unlink()
+
+    def found(target: str) -> list:
+        assert cli.main(["check", target, "--json"]) == 1
+        return [(f["kind"], f["severity"], f["culprits"]) for f in json.loads(capsys.readouterr().out)["findings"]]
+
+    source = found(str(job))
+    assert source == [("trace_incomplete", "error", [0, 1, 2, 3])]
+    base, db = redis_url.rsplit("/", 1)
+    dst = str(tmp_path / "copy") if to == "directory" else f"{base}/{int(db) % 63 + 1}"
+    if to == "redis":
+        redis_client(dst).flushdb()
+    assert cli.main(["copy", str(job), dst, "--job", "c", "-q"]) == 0
+    assert found(str(Path(dst) / "c") if to == "directory" else f"{dst}?job=c") == source

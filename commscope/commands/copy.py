@@ -86,18 +86,26 @@ def _size(reader: TraceReader) -> Size:
         return Size(0, "events")
 
 
-def _lost(src: TraceReader, rank: int) -> int:
-    """The lines of ``rank``'s stream the source's reader counted lost so far: gone from the
-    store, damaged, invalid: what the copy cannot hold, and says it lacks."""
+def _losses(src: TraceReader) -> tuple[dict[int, int], ...]:
+    """The source reader's counts, per rank, of what the copy cannot hold: lines gone from
+    the store, damaged, invalid; and, a line each, losses of a count not known: what a rank
+    was in where its read began (``uncarried``: its copy starts the stream afresh, and read
+    healthy, exit 0, helper-179), a Redis stream failed over or emptied since its writer
+    last wrote."""
     stats = src.stats
-    return (stats.missing_by_rank.get(rank, 0) + stats.corrupt_by_rank.get(rank, 0)
-            + stats.invalid_by_rank.get(rank, 0))
+    return (stats.missing_by_rank, stats.corrupt_by_rank, stats.invalid_by_rank, stats.uncarried_by_rank,
+            stats.unsettled_by_rank, stats.emptied_by_rank)
+
+
+def _lost(src: TraceReader, rank: int) -> int:
+    """The lines of ``rank``'s stream the source's reader counted lost so far (``_losses``):
+    what the copy says it lacks."""
+    return sum(counts.get(rank, 0) for counts in _losses(src))
 
 
 def _new_loss(src: TraceReader, seen: dict[int, int]) -> set[int]:
     """Ranks whose lines the reader counted lost since the copy last said so."""
-    stats = src.stats
-    ranks = {*stats.missing_by_rank, *stats.corrupt_by_rank, *stats.invalid_by_rank}
+    ranks = {r for counts in _losses(src) for r in counts}
     return {r for r in ranks if r >= 0 and _lost(src, r) > seen.get(r, 0)}
 
 
@@ -120,8 +128,8 @@ def _lost_why(src: TraceReader, gap: int, marker: Event | None) -> str:
     if isinstance(src, RedisReader):
         return (f"the source of this copy ({redact(src.description)}) no longer held {gap} events of this rank "
                 "(trimmed by maxlen, or lost by Redis) when it was copied")
-    return (f"the source of this copy ({redact(src.description)}) had lost {gap} line(s) of this rank's stream "
-            "when it was copied (its check says why)")
+    return (f"the source of this copy ({redact(src.description)}) had lost {gap} line(s) of this rank's stream, "
+            "or could not say what the rank was in where its read began, when it was copied (its check says why)")
 
 
 def _open(dst: str, job: str, rank: int, job_meta: dict, share: bool | None) -> StoreWriter:
@@ -161,6 +169,7 @@ def copy_trace(src: TraceReader, dst: str, job: str, meta: dict, progress: Any =
     # losses, which the markers say.  Before, a directory copy carried no loss of a directory
     # source, and read healthy (helper-177).
     said: dict[int, int] = {}  # rank -> the lines lost the copy said so far
+    last_ts: dict[int, int] = {}  # rank -> the timestamp of its last line copied
     try:
         done_reading = False
         while True:
@@ -173,6 +182,7 @@ def copy_trace(src: TraceReader, dst: str, job: str, meta: dict, progress: Any =
                 if not page and not _new_loss(src, said):
                     break
             by_rank: dict[int, list[bytes]] = {}
+            stamps: dict[int, list[int]] = {}  # rank -> its lines' timestamps
             markers: dict[int, tuple[int, Event]] = {}  # rank -> where its first store_lost marker was, and it
             for ev in page:
                 lines = by_rank.setdefault(ev["rank"], [])
@@ -182,6 +192,7 @@ def copy_trace(src: TraceReader, dst: str, job: str, meta: dict, progress: Any =
                 if ev["type"] == "summary" and any(k in ev for k in SUMMARY_LOSSES):
                     ev = {k: v for k, v in ev.items() if k not in SUMMARY_LOSSES}
                 lines.append(encode(ev))
+                stamps.setdefault(ev["rank"], []).append(int(ev.get("ts") or 0))
             # (a rank whose loss the reader counted without a later event of it: the tail of its
             # stream that Redis lost after its writer closed, counted at the end of ``read_all``)
             for rank in sorted(set(by_rank) | _new_loss(src, said)):
@@ -196,15 +207,24 @@ def copy_trace(src: TraceReader, dst: str, job: str, meta: dict, progress: Any =
                 if gap > 0:
                     said[rank] = lost
                     why = _lost_why(src, gap, marker)
+                    if not isinstance(w, RedisWriter):  # (after the meta a stream starts with: one
+                        # first is a file its writer started again)
+                        at = max(at, int(first and bool(lines) and b'"type":"meta"' in lines[0]))
+                    # (timed where it stands in the stream, not now: a marker of today among a
+                    # week-old trace's events made its rank the one heard from last, helper-179)
+                    near = stamps.get(rank, [])
+                    ts = int((marker.get("ts") if marker is not None else None)
+                             or (near[at] if at < len(near) else near[-1] if near else last_ts.get(rank, 0)))
                     if isinstance(w, RedisWriter):
                         _write(w, lines[:at])
-                        w.skip(gap, why)
+                        w.skip(gap, why, ts)
                         _write(w, lines[at:])
-                    else:  # (after the meta a stream starts with: one first is a file its writer started again)
-                        at = max(at, int(first and bool(lines) and b'"type":"meta"' in lines[0]))
-                        _write(w, [*lines[:at], store_lost(rank, gap, why), *lines[at:]])
+                    else:
+                        _write(w, [*lines[:at], store_lost(rank, gap, why, ts=ts), *lines[at:]])
                 else:
                     _write(w, lines)
+                if stamps.get(rank):
+                    last_ts[rank] = stamps[rank][-1]
                 copied[rank] = copied.get(rank, 0) + len(lines)  # (the source's events)
             if progress is not None:
                 done = src.stats.bytes if unit == "bytes" else sum(copied.values())

@@ -320,10 +320,11 @@ _ZERO_IS_NONE = frozenset({"skipped_by_rank", "unsettled_by_rank", "emptied_by_r
 STORE_LOST = "store_lost"
 
 
-def store_lost(rank: int, entries: int, why: str) -> bytes:
-    """The marker a writer puts first in a stream it had to start again."""
-    return orjson.dumps({"type": "dropped", "v": SCHEMA_VERSION, "rank": rank, "ts": time.time_ns(), "count": 0,
-                         "entries": entries, "reason": f"{STORE_LOST}: {why}"})
+def store_lost(rank: int, entries: int, why: str, ts: int | None = None) -> bytes:
+    """The marker a writer puts first in a stream it had to start again (``ts``: now), or a
+    copy where its source had lost lines (``ts``: where it stands among the rank's events)."""
+    return orjson.dumps({"type": "dropped", "v": SCHEMA_VERSION, "rank": rank, "ts": time.time_ns() if ts is None else ts,
+                         "count": 0, "entries": entries, "reason": f"{STORE_LOST}: {why}"})
 
 
 def meta_line(lines: list[bytes]) -> bytes | None:

@@ -195,6 +195,7 @@ class RedisWriter:
         self._meta_line: bytes | None = None  # the rank's meta, stored again after Redis lost it
         self._lost: tuple[int, int] | None = None  # entries Redis no longer held on reconnecting
         self._lost_why: str | None = None  # the marker's reason where it is not that (``skip``)
+        self._lost_ts: int | None = None  # and its time (``skip``: where it stands; None: now)
         #: The loss's statement being appended (``_say_lost``), how many of its lines are stored,
         #: and the state it restates (``_restated``)
         self._stating: list[bytes] | None = None
@@ -418,16 +419,18 @@ return 0
     #: connect timeout: not at every write)
     REGISTER_EVERY_S = 5.0
 
-    def skip(self, n: int, why: str) -> None:
+    def skip(self, n: int, why: str, ts: int | None = None) -> None:
         """Leave ``n`` entry numbers unused before the next write, which starts with a
-        ``store_lost`` marker saying ``why``: a copy of a trace whose source no longer held
-        those events (trimmed) keeps the gap a reader counts.  Skips with no write between
-        them are one gap, their reasons joined."""
+        ``store_lost`` marker saying ``why`` (timed ``ts``: where it stands among the rank's
+        events, not now): a copy of a trace whose source no longer held those events
+        (trimmed) keeps the gap a reader counts.  Skips with no write between them are one
+        gap, their reasons joined."""
         if n <= 0:
             return
         if self._lost is None:
             self._lost = (self._next, self._next + n - 1)
             self._lost_why = why
+            self._lost_ts = ts
         elif self._stating is None:  # (not being stated yet: the gap grows)
             self._lost = (self._lost[0], self._lost[1] + n)
             if self._lost_why is not None and why not in self._lost_why:
@@ -447,7 +450,8 @@ return 0
             why = self._lost_why
             lines = [store_lost(self.rank, last - first + 1, why or
                                 f"Redis no longer held entries #{first}-#{last} of this stream when the rank "
-                                "reconnected (it restarted without persistence, or was flushed)")]
+                                "reconnected (it restarted without persistence, or was flushed)",
+                                ts=self._lost_ts if why is not None else None)]
             lines += [self._meta_line] if self._meta_line is not None else []
             state = self._restated(first - 1) if why is None else None  # (``skip``: nothing vanished)
             self._stating, self._stated = lines + (state[0] if state is not None else []), 0
@@ -458,7 +462,7 @@ return 0
         if self._stating is not stating:
             return  # (the stream went again meanwhile: the call that found it stated that)
         why, state = self._lost_why, self._stating_state
-        self._lost = self._lost_why = self._stating = self._stating_state = None
+        self._lost = self._lost_why = self._lost_ts = self._stating = self._stating_state = None
         if why is None:  # (what the rank is in from here: the restatement's state, the lost lines no longer kept)
             self._kept.clear()
             self._kept_bytes = 0
