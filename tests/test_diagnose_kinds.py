@@ -789,7 +789,8 @@ def test_a_finding_of_thousands_of_ranks_says_the_ranks_alike_once():
     (x,) = f
     assert x.kind == "collective_mismatch" and x.culprits == [300]
     assert x.message == ("ranks disagree at collective #4 of group 0: 511 ranks (0-299,301-511): all_reduce; "
-                         "rank 300: broadcast; differing: op, redop, root; rank(s) 300 differ from the majority")
+                         "rank 300: broadcast; differing: op; rank(s) 300 differ from the majority")
+    # (not "op, redop, root": a broadcast takes no reduce op, an all_reduce no root, helper-176)
     drawn = _drawn(x)
     assert len(drawn) < 12 and len(x.evidence["per_rank"]) == n, drawn  # (the evidence keeps each rank's)
     assert any("300" in ln and "broadcast" in ln for ln in drawn)

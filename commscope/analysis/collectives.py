@@ -538,11 +538,15 @@ def _shapes_text(brief: dict) -> str:
 
 
 def _what_differs(sigs: list) -> list[str]:
+    """The fields the ranks' calls differ in.  A reduce op or a root differs only between ops
+    that have one: an all_gather beside an all_reduce differs in its op, not in a reduce op
+    it does not take (helper-176 read "differing: op, redop")."""
     out = []
-    for label, get in (("op", lambda s: s.op), ("shape", lambda s: s.match_key()[2]),
-                       ("dtype", lambda s: s.match_key()[1]), ("redop", lambda s: s.redop),
-                       ("root", lambda s: s.root)):
-        if len({get(s) for s in sigs}) > 1:
+    for label, get, optional in (("op", lambda s: s.op, False), ("shape", lambda s: s.match_key()[2], False),
+                                 ("dtype", lambda s: s.match_key()[1], False), ("redop", lambda s: s.redop, True),
+                                 ("root", lambda s: s.root, True)):
+        values = {get(s) for s in sigs} - ({None} if optional else set())
+        if len(values) > 1:
             out.append(label)
     return out
 
