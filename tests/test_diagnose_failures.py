@@ -336,6 +336,12 @@ def test_a_crash_outside_any_op_is_titled_after_the_last_op_not_in_it():
     _, found = replay(b, {1})
     (f,) = [x for x in found if x.severity == "error"]
     assert (f.kind, f.place) == ("rank_crashed", "group 0 #4 all_reduce")
+    b = TraceBuilder(2)  # (before any op: its title said nothing there, "ERROR dead_rank   ───", helper-176)
+    b.heartbeats(b.t0, b.t0 + 3 * S)
+    b.exit(1, b.t0 + S, reason="exception", exc="ValueError: bad config")
+    _, found = replay(b, {1})
+    (f,) = [x for x in found if x.severity == "error"]
+    assert (f.kind, f.place) == ("rank_crashed", "before any op")
 
 
 def test_local_failure_then_crash_is_one_finding():

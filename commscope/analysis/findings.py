@@ -74,11 +74,13 @@ class Finding:
     def place(self) -> str:
         """Where it happened, as a title says it: "group 0 #17 all_reduce"; a rank that left
         while in no op names the last op it did, "after group 0 #4 all_reduce" (its title
-        named an op that had completed well)."""
+        named an op that had completed well); one that left before any op says so."""
         where = " ".join(x for x in (f"group {self.group}" if self.group is not None else "",
                                      f"#{self.seq}" if self.seq is not None else "", self.op or "") if x)
         if where and self.kind in DEPARTED and not (self.evidence.get("activity") or {}).get("in_op"):
             return f"after {where}"
+        if not where and self.kind in DEPARTED:  # (its title said nothing there: helper-176)
+            return "before any op"
         return where
 
 
