@@ -344,6 +344,22 @@ def test_a_crash_outside_any_op_is_titled_after_the_last_op_not_in_it():
     assert (f.kind, f.place) == ("rank_crashed", "before any op")
 
 
+def test_a_rank_killed_with_no_stack_says_how_it_went_not_that_it_is_silent():
+    """A rank a launcher's SIGTERM killed inside an op, no stack captured: its stack note said
+    "silent: the process is gone, or cannot run Python (stuck in native code holding the
+    GIL)", where its exit says how it went (helper-176)."""
+    from commscope.analysis.findings import rank_stack
+
+    b = TraceBuilder(2)
+    t = b.warmup()
+    b.begin(1, t, "all_reduce")
+    b.heartbeats(b.t0, t + 3 * S)
+    b.add(1, t + S, "exit", reason="signal", signal="Terminated", src="spool")
+    m = TraceModel.from_events(b.events)
+    shown, note = rank_stack(m, 1, t + 3 * S)
+    assert shown is None and note["missing"] == "killed by SIGTERM (Terminated); no stack was captured before", note
+
+
 def test_local_failure_then_crash_is_one_finding():
     b = TraceBuilder(3)
     t = b.warmup()

@@ -10,6 +10,7 @@ from commscope.analysis.evidence import Evidence, RawEvidence
 from commscope.analysis.model import SPACE_FR, TraceModel
 from commscope.analysis.ranks import ranges
 from commscope.analysis.rankstate import crash, exited, is_blocked_in, killed, snapshot, waited_until
+from commscope.analysis.vocab import describe_kill
 
 ERROR, WARNING = "error", "warning"
 
@@ -266,6 +267,8 @@ def _stack_choice(model: TraceModel, rank: int, now: int,
         return chosen, ""
     if st.kind == "exited":
         return None, "exited"
+    if st.kind == "dead" and (k := killed(model, rank)) is not None:  # (how it went is known: said so, not
+        return None, f"{describe_kill(k)}; no stack was captured before"  # "silent", helper-176)
     if st.kind == "dead":
         return None, ("silent: the process is gone, or cannot run Python (stuck in native code holding the GIL); "
                       "no stack was captured before it went silent")
