@@ -1152,6 +1152,35 @@ def test_mismatch_that_kills_a_rank_is_the_root_cause():
         "0": "crashed", "1": "failed", "2": "failed"}
 
 
+def test_a_subgroup_mismatch_is_the_root_of_the_world_collective_failing_after_it():
+    """Groups {0, 1} and {2, 3}; rank 3 passes another size to its subgroup's all_reduce:
+    Gloo aborts it, rank 2's op fails and it crashes; ranks 0 and 1 then fail in the next
+    world all_reduce, blamed on ranks 2 and 3, which departed.  One error, the mismatch, with
+    the world's failure among its consequences.  Before, the failure stood beside it, blamed
+    on the same ranks (helper-176): the departures were folded into the mismatch, so nothing
+    said the ranks it names had gone."""
+    b = TraceBuilder(4)
+    b.group("a", [0, 1])
+    b.group("b", [2, 3])
+    t = b.warmup()
+    b.heartbeats(b.t0, t)
+    for r in (0, 1):
+        b.sync(r, t, t + MS, "all_reduce", group="a")
+    ids = {r: b.begin(r, t, "all_reduce", group="b", shape=(8,) if r == 3 else (1024,)) for r in (2, 3)}
+    b.exit(3, t + 3 * MS, reason="signal", signal="Aborted", exc="gloo::EnforceNotMet: 1024 vs 8. Is there a "
+                                                                   "distributed collective mismatch")
+    b.end(2, ids[2], t + 5 * MS, exc=RESET)
+    b.exit(2, t + 6 * MS, reason="exception", exc=RESET)
+    for r in (0, 1):
+        i = b.begin(r, t + 2 * MS, "all_reduce")
+        b.end(r, i, t + 7 * MS, exc=RESET)
+        b.exit(r, t + 8 * MS, reason="exception", exc=RESET)
+    _, f = replay(b, {2, 3})
+    assert errors(f) == [("collective_mismatch", [2, 3])], [x.to_json()["message"] for x in f]
+    assert {c["kind"] for c in f[0].evidence["consequences"]} >= {"op_failed", "rank_crashed"}
+    assert any(c["kind"] == "op_failed" and c["group"] == "0" for c in f[0].evidence["consequences"])
+
+
 def test_mismatch_whose_dead_rank_never_recorded_its_call_names_no_innocent():
     b = TraceBuilder(3)
     _mismatch_abort(b, recorded=False)

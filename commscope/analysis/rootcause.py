@@ -6,7 +6,9 @@ for rank 1 (``missing_ranks``); all of these are consequences of rank 1's death.
 rules, applied to one snapshot of the model (so they hold at every moment of a live job):
 
 1. A collective mismatch is the root of everything at its instances: the ops that failed
-   there, and the ranks that died in it (Gloo aborts a process on mismatched sizes).
+   there, and the ranks that died in it (Gloo aborts a process on mismatched sizes); and,
+   as a departure is (rule 3), of what later names only ranks that died in it (a world
+   collective failing after a subgroup's mismatch aborted its ranks).
 2. Every finding says which ranks it shows as victims and whom they wait on
    (``Finding.victims``; an any-source recv on any one of its members, not all: those
    waiting on it in turn are dropped where others can send, ``_either``).  A culprit
@@ -156,6 +158,10 @@ def resolve(model: TraceModel, findings: list[Finding], now: int,
             for f in errors if f.kind == "collective_mismatch"}
     by_group = {(k[1], k[2]): f for k, f in mism.items()}
     keep: list[Finding] = []
+    #: a rank whose departure a mismatch absorbed -> that mismatch: the root of what names the
+    #: rank later, as a departure finding is (rule 3; a world collective failing after a
+    #: subgroup's mismatch aborted its ranks stood beside it, blamed on them, helper-176)
+    died_in: dict[int, Finding] = {}
     for f in errors:
         if f.kind == "collective_mismatch":
             keep.append(f)
@@ -170,6 +176,8 @@ def resolve(model: TraceModel, findings: list[Finding], now: int,
             target = next((m for m in mism.values() if f.culprits[0] in m.evidence.get("died_in_it", ())), None)
         if target is not None:
             _absorb(target, f)
+            if f.kind in DEPARTED:
+                died_in.setdefault(f.culprits[0], target)
         else:
             keep.append(f)
     errors = keep
@@ -204,7 +212,9 @@ def resolve(model: TraceModel, findings: list[Finding], now: int,
             consequences.append((f, r))
     roots.sort(key=lambda f: (_RANK.get(f.kind, 99), f.ts))
     roots, held = _crashed_of_failures(model, roots, {f.culprits[0] for f in errors if f.kind in DEPARTED})
-    gone = {f.culprits[0] for f in roots if f.kind in DEPARTED} | held.keys()
+    rooted = {id(f) for f in roots}
+    died_in = {r: t for r, t in died_in.items() if id(t) in rooted}  # (a mismatch folded elsewhere: not)
+    gone = {f.culprits[0] for f in roots if f.kind in DEPARTED} | held.keys() | died_in.keys()
     # A rank blocked for good in a p2p op with a peer the job does not have is, for what
     # waits on it, as a departed rank: their root (it would never come).
     stuck = {f.culprits[0]: f for f in roots
@@ -291,6 +301,8 @@ def resolve(model: TraceModel, findings: list[Finding], now: int,
     for t in roots:
         if t.kind in DEPARTED:
             departure.setdefault(t.culprits[0], t)
+    for r, t in died_in.items():  # (or the mismatch it died in)
+        departure.setdefault(r, t)
     # what folds into a departure (or the failure holding one), folded after all: thousands of
     # ranks' failures into one failure naming them all, each fold copied its instances
     gone_into: dict[int, tuple[Finding, list[Finding]]] = {}
