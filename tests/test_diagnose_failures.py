@@ -1181,6 +1181,29 @@ def test_a_subgroup_mismatch_is_the_root_of_the_world_collective_failing_after_i
     assert any(c["kind"] == "op_failed" and c["group"] == "0" for c in f[0].evidence["consequences"])
 
 
+@pytest.mark.parametrize("world", [3, 2])
+def test_a_collective_called_on_the_wrong_group_names_its_rank_not_the_one_it_waits_for(world):
+    """Rank 0 calls all_reduce on group {0, 1} where the other ranks call the world's: 0
+    waits there for rank 1, which waits in the world's for 0.  One error, on rank 0 (the
+    hang more ranks wait in), the other hang its consequence; before, rank 1 was named too,
+    in a second error, for doing what the majority did (helper-176).  With two ranks, one
+    waiting in each, neither is the odd one out: both hangs stand."""
+    b = TraceBuilder(world)
+    b.group("pair", [0, 1])
+    t = b.warmup()
+    b.begin(0, t, "all_reduce", group="pair")
+    for r in range(1, world):
+        b.begin(r, t, "all_reduce")
+    b.heartbeats(b.t0, t + 10 * S)
+    _, f = replay(b, {0} if world == 3 else {0, 1}, hang_after=3.0)
+    if world == 3:
+        assert errors(f) == [("missing_ranks", [0])]
+        assert [(c["kind"], c["group"], c["culprits"]) for c in f[0].evidence["consequences"]] == [
+            ("missing_ranks", "pair", [1])]
+    else:
+        assert sorted(errors(f)) == [("missing_ranks", [0]), ("missing_ranks", [1])]
+
+
 def test_mismatch_whose_dead_rank_never_recorded_its_call_names_no_innocent():
     b = TraceBuilder(3)
     _mismatch_abort(b, recorded=False)

@@ -14,8 +14,10 @@ rules, applied to one snapshot of the model (so they hold at every moment of a l
    waiting on it in turn are dropped where others can send, ``_either``).  A culprit
    that is itself a victim is followed to the ranks it
    waits on, transitively (a cycle stops the walk: those ranks are each other's culprits).
-   A finding whose culprits lead elsewhere is a consequence of the finding that names
-   the ranks they lead to; but an ``op_failed`` that raised on its rank itself (refused as
+   Two hangs in different groups that wait on each other (a collective called on the wrong
+   group) are a cycle too: the one more ranks wait in is the root, the other its
+   consequence (``_crossed``).  A finding whose culprits lead elsewhere is a consequence of
+   the finding that names the ranks they lead to; but an ``op_failed`` that raised on its rank itself (refused as
    it was called, a peer the job does not have) is its rank's own doing, whatever that
    rank waits on later.  A victim whose blame is not known yet makes its finding a
    consequence of the failure it waits to have explained, never a culprit.
@@ -212,6 +214,7 @@ def resolve(model: TraceModel, findings: list[Finding], now: int,
             consequences.append((f, r))
     roots.sort(key=lambda f: (_RANK.get(f.kind, 99), f.ts))
     roots, held = _crashed_of_failures(model, roots, {f.culprits[0] for f in errors if f.kind in DEPARTED})
+    roots = _crossed(roots)
     rooted = {id(f) for f in roots}
     died_in = {r: t for r, t in died_in.items() if id(t) in rooted}  # (a mismatch folded elsewhere: not)
     gone = {f.culprits[0] for f in roots if f.kind in DEPARTED} | held.keys() | died_in.keys()
@@ -373,6 +376,34 @@ def resolve(model: TraceModel, findings: list[Finding], now: int,
         if f.severity == ERROR:  # (a trace_incomplete: its ranks' stacks as every error finding has them)
             attach_stacks(model, f, now)
     return sorted(final + rest, key=Finding.sort_key)
+
+
+def _crossed(roots: list[Finding]) -> list[Finding]:
+    """Two hangs in different groups that wait on each other (rank 0 called a subgroup's
+    all_reduce where ranks 1 and 2 called the world's: 0 waits in the subgroup's for 1,
+    which waits in the world's for 0): the cycle stops rule 2's walk, and each named the
+    other's victim (helper-176: rank 1, which did as the majority did).  The hang more
+    ranks wait in is the root, the other its consequence; where as many wait in each (two
+    ranks that called two groups' collectives in opposite orders), both stand."""
+    hangs = [f for f in roots if f.kind == "missing_ranks" and f.culprits]
+    waiting_in: dict[int, list[Finding]] = {}
+    for f in hangs:
+        for v in f.victims:
+            waiting_in.setdefault(v, []).append(f)
+    folded: set[int] = set()
+    for f in hangs:
+        if id(f) in folded:
+            continue
+        for g in waiting_in.get(f.culprits[0], ()):
+            if g is f or id(g) in folded or g.group == f.group or len(f.victims) == len(g.victims) or \
+                    not (set(f.culprits) <= g.victims.keys() and set(g.culprits) <= f.victims.keys()):
+                continue
+            root, then = (f, g) if len(f.victims) > len(g.victims) else (g, f)
+            _absorb(root, then)
+            folded.add(id(then))
+            if then is f:
+                break
+    return [f for f in roots if id(f) not in folded] if folded else roots
 
 
 def _either(findings: list[Finding]) -> None:
