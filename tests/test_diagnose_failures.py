@@ -1181,6 +1181,30 @@ def test_a_subgroup_mismatch_is_the_root_of_the_world_collective_failing_after_i
     assert any(c["kind"] == "op_failed" and c["group"] == "0" for c in f[0].evidence["consequences"])
 
 
+def test_a_failure_of_its_own_before_a_mismatch_aborted_the_rank_stays_its_own():
+    """Rank 3's all_gather in a group of its own failed as called (a local failure, caught),
+    then the subgroup's mismatch aborted it: the mismatch is the root of what names rank 3
+    after it, not of that earlier failure (helper-180: it was folded in)."""
+    b = TraceBuilder(4)
+    b.group("b", [2, 3])
+    b.group("x", [3])
+    t = b.warmup()
+    b.heartbeats(b.t0, t)
+    i = b.begin(3, t - 500_000, "all_gather", group="x")
+    b.end(3, i, t - 400_000, exc="RuntimeError: ProcessGroupGloo::allgather: invalid tensor size at index 0")
+    ids = {r: b.begin(r, t + MS, "all_reduce", group="b", shape=(8,) if r == 3 else (1024,)) for r in (2, 3)}
+    b.exit(3, t + 3 * MS, reason="signal", signal="Aborted", exc="gloo::EnforceNotMet: 1024 vs 8")
+    b.end(2, ids[2], t + 5 * MS, exc=RESET)
+    b.exit(2, t + 6 * MS, reason="exception", exc=RESET)
+    for r in (0, 1):
+        i = b.begin(r, t + 2 * MS, "all_reduce")
+        b.end(r, i, t + 7 * MS, exc=RESET)
+        b.exit(r, t + 8 * MS, reason="exception", exc=RESET)
+    _, f = replay(b, {2, 3})
+    assert errors(f) == [("collective_mismatch", [2, 3]), ("op_failed", [3])], [x.to_json()["message"] for x in f]
+    assert f[1].group == "x"
+
+
 @pytest.mark.parametrize("world", [3, 2])
 def test_a_collective_called_on_the_wrong_group_names_its_rank_not_the_one_it_waits_for(world):
     """Rank 0 calls all_reduce on group {0, 1} where the other ranks call the world's: 0
@@ -1202,6 +1226,31 @@ def test_a_collective_called_on_the_wrong_group_names_its_rank_not_the_one_it_wa
             ("missing_ranks", "pair", [1])]
     else:
         assert sorted(errors(f)) == [("missing_ranks", [0]), ("missing_ranks", [1])]
+
+
+@pytest.mark.parametrize("waits", ["recv", "group"])
+def test_what_waits_on_a_rank_held_by_a_wrong_group_call_is_led_to_that_call(waits):
+    """Rank 0 calls group {0, 1}'s all_reduce where ranks 1 and 2 call group G's; rank 3
+    waits on rank 1 (a recv from it, or a group {1, 3} all_reduce): rank 1 is held in G by
+    rank 0, so one error names rank 0, the rest its consequences.  Before, the crossing was
+    judged after the walk that leads waits to their roots, and rank 3's wait named rank 1
+    (helper-180)."""
+    b = TraceBuilder(4)
+    b.group("pair", [0, 1])
+    b.group("G", [0, 1, 2])
+    b.group("H", [1, 3])
+    t = b.warmup()
+    b.begin(0, t, "all_reduce", group="pair")
+    for r in (1, 2):
+        b.begin(r, t, "all_reduce", group="G")
+    if waits == "recv":
+        b.begin(3, t, "recv", peer=1, dir="recv")
+    else:
+        b.begin(3, t, "all_reduce", group="H")
+    b.heartbeats(b.t0, t + 10 * S)
+    _, f = replay(b, {0}, hang_after=3.0)
+    assert errors(f) == [("missing_ranks", [0])]
+    assert sorted(c["culprits"] for c in f[0].evidence["consequences"]) == [[1], [1]]
 
 
 def test_mismatch_whose_dead_rank_never_recorded_its_call_names_no_innocent():

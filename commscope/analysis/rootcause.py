@@ -182,7 +182,7 @@ def resolve(model: TraceModel, findings: list[Finding], now: int,
                 died_in.setdefault(f.culprits[0], target)
         else:
             keep.append(f)
-    errors = keep
+    errors = _crossed(keep)
     _either(errors)
     # (who each rank blocked in a send or recv waits on, as first found: rule 2 may fold its
     # finding into another's, and ``_p2p_cycle`` follows chains of them)
@@ -214,10 +214,9 @@ def resolve(model: TraceModel, findings: list[Finding], now: int,
             consequences.append((f, r))
     roots.sort(key=lambda f: (_RANK.get(f.kind, 99), f.ts))
     roots, held = _crashed_of_failures(model, roots, {f.culprits[0] for f in errors if f.kind in DEPARTED})
-    roots = _crossed(roots)
     rooted = {id(f) for f in roots}
     died_in = {r: t for r, t in died_in.items() if id(t) in rooted}  # (a mismatch folded elsewhere: not)
-    gone = {f.culprits[0] for f in roots if f.kind in DEPARTED} | held.keys() | died_in.keys()
+    gone = {f.culprits[0] for f in roots if f.kind in DEPARTED} | held.keys()
     # A rank blocked for good in a p2p op with a peer the job does not have is, for what
     # waits on it, as a departed rank: their root (it would never come).
     stuck = {f.culprits[0]: f for f in roots
@@ -304,8 +303,6 @@ def resolve(model: TraceModel, findings: list[Finding], now: int,
     for t in roots:
         if t.kind in DEPARTED:
             departure.setdefault(t.culprits[0], t)
-    for r, t in died_in.items():  # (or the mismatch it died in)
-        departure.setdefault(r, t)
     # what folds into a departure (or the failure holding one), folded after all: thousands of
     # ranks' failures into one failure naming them all, each fold copied its instances
     gone_into: dict[int, tuple[Finding, list[Finding]]] = {}
@@ -319,6 +316,14 @@ def resolve(model: TraceModel, findings: list[Finding], now: int,
             if target is not f:
                 gone_into.setdefault(id(target), (target, []))[1].append(f)
                 continue
+        elif f.kind not in DEPARTED and f.kind != "collective_mismatch" and f.culprits and \
+                set(f.culprits) <= died_in.keys() and f.ts >= died_in[f.culprits[0]].ts and \
+                f.evidence.get("blame", {}).get("reason") != "local":
+            # (what names only ranks a mismatch aborted, after it: its; not a failure of their own
+            # before it, helper-180)
+            target = died_in[f.culprits[0]]
+            gone_into.setdefault(id(target), (target, []))[1].append(f)
+            continue
         elif f.kind not in DEPARTED and f.kind != "collective_mismatch" and f.culprits and (
                 set(f.culprits) <= stuck.keys() or (f.kind == "missing_ranks" and set(f.culprits) & stuck.keys())):
             target = stuck[next(c for c in f.culprits if c in stuck)]  # (itself, for a stuck rank's own: kept)
@@ -378,14 +383,18 @@ def resolve(model: TraceModel, findings: list[Finding], now: int,
     return sorted(final + rest, key=Finding.sort_key)
 
 
-def _crossed(roots: list[Finding]) -> list[Finding]:
+def _crossed(errors: list[Finding]) -> list[Finding]:
     """Two hangs in different groups that wait on each other (rank 0 called a subgroup's
     all_reduce where ranks 1 and 2 called the world's: 0 waits in the subgroup's for 1,
     which waits in the world's for 0): the cycle stops rule 2's walk, and each named the
     other's victim (helper-176: rank 1, which did as the majority did).  The hang more
-    ranks wait in is the root, the other its consequence; where as many wait in each (two
-    ranks that called two groups' collectives in opposite orders), both stand."""
-    hangs = [f for f in roots if f.kind == "missing_ranks" and f.culprits]
+    ranks wait in is the root, the other its consequence, folded before the walk, so what
+    else waits on rank 1 is led through its wait to rank 0 (helper-180: a recv from rank 1
+    still named it); every culprit of the consequence waits in the root, and some culprit
+    of the root in the consequence (the root may name others besides: an idle absentee).
+    Where as many wait in each (two ranks that called two groups' collectives in opposite
+    orders), both stand."""
+    hangs = [f for f in errors if f.kind == "missing_ranks" and f.culprits]
     waiting_in: dict[int, list[Finding]] = {}
     for f in hangs:
         for v in f.victims:
@@ -394,16 +403,17 @@ def _crossed(roots: list[Finding]) -> list[Finding]:
     for f in hangs:
         if id(f) in folded:
             continue
-        for g in waiting_in.get(f.culprits[0], ()):
-            if g is f or id(g) in folded or g.group == f.group or len(f.victims) == len(g.victims) or \
-                    not (set(f.culprits) <= g.victims.keys() and set(g.culprits) <= f.victims.keys()):
+        for g in {id(g): g for c in f.culprits for g in waiting_in.get(c, ())}.values():
+            if g is f or id(g) in folded or g.group == f.group or len(f.victims) == len(g.victims):
                 continue
             root, then = (f, g) if len(f.victims) > len(g.victims) else (g, f)
+            if not (set(then.culprits) <= root.victims.keys() and set(root.culprits) & then.victims.keys()):
+                continue
             _absorb(root, then)
             folded.add(id(then))
             if then is f:
                 break
-    return [f for f in roots if id(f) not in folded] if folded else roots
+    return [f for f in errors if id(f) not in folded] if folded else errors
 
 
 def _either(findings: list[Finding]) -> None:
