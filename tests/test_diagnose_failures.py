@@ -1152,6 +1152,20 @@ def test_mismatch_that_kills_a_rank_is_the_root_cause():
         "0": "crashed", "1": "failed", "2": "failed"}
 
 
+def _subgroup_mismatch_then_world(b: TraceBuilder, t: int) -> None:
+    """Group b = {2, 3}: rank 3 passes another size, Gloo aborts it, rank 2's op fails and it
+    crashes; ranks 0 and 1 then fail in the next world all_reduce and crash."""
+    ids = {r: b.begin(r, t, "all_reduce", group="b", shape=(8,) if r == 3 else (1024,)) for r in (2, 3)}
+    b.exit(3, t + 3 * MS, reason="signal", signal="Aborted", exc="gloo::EnforceNotMet: 1024 vs 8. Is there a "
+                                                                   "distributed collective mismatch")
+    b.end(2, ids[2], t + 5 * MS, exc=RESET)
+    b.exit(2, t + 6 * MS, reason="exception", exc=RESET)
+    for r in (0, 1):
+        i = b.begin(r, t + 2 * MS, "all_reduce")
+        b.end(r, i, t + 7 * MS, exc=RESET)
+        b.exit(r, t + 8 * MS, reason="exception", exc=RESET)
+
+
 def test_a_subgroup_mismatch_is_the_root_of_the_world_collective_failing_after_it():
     """Groups {0, 1} and {2, 3}; rank 3 passes another size to its subgroup's all_reduce:
     Gloo aborts it, rank 2's op fails and it crashes; ranks 0 and 1 then fail in the next
@@ -1166,15 +1180,7 @@ def test_a_subgroup_mismatch_is_the_root_of_the_world_collective_failing_after_i
     b.heartbeats(b.t0, t)
     for r in (0, 1):
         b.sync(r, t, t + MS, "all_reduce", group="a")
-    ids = {r: b.begin(r, t, "all_reduce", group="b", shape=(8,) if r == 3 else (1024,)) for r in (2, 3)}
-    b.exit(3, t + 3 * MS, reason="signal", signal="Aborted", exc="gloo::EnforceNotMet: 1024 vs 8. Is there a "
-                                                                   "distributed collective mismatch")
-    b.end(2, ids[2], t + 5 * MS, exc=RESET)
-    b.exit(2, t + 6 * MS, reason="exception", exc=RESET)
-    for r in (0, 1):
-        i = b.begin(r, t + 2 * MS, "all_reduce")
-        b.end(r, i, t + 7 * MS, exc=RESET)
-        b.exit(r, t + 8 * MS, reason="exception", exc=RESET)
+    _subgroup_mismatch_then_world(b, t)
     _, f = replay(b, {2, 3})
     assert errors(f) == [("collective_mismatch", [2, 3])], [x.to_json()["message"] for x in f]
     assert {c["kind"] for c in f[0].evidence["consequences"]} >= {"op_failed", "rank_crashed"}
@@ -1192,14 +1198,7 @@ def test_a_failure_of_its_own_before_a_mismatch_aborted_the_rank_stays_its_own()
     b.heartbeats(b.t0, t)
     i = b.begin(3, t - 500_000, "all_gather", group="x")
     b.end(3, i, t - 400_000, exc="RuntimeError: ProcessGroupGloo::allgather: invalid tensor size at index 0")
-    ids = {r: b.begin(r, t + MS, "all_reduce", group="b", shape=(8,) if r == 3 else (1024,)) for r in (2, 3)}
-    b.exit(3, t + 3 * MS, reason="signal", signal="Aborted", exc="gloo::EnforceNotMet: 1024 vs 8")
-    b.end(2, ids[2], t + 5 * MS, exc=RESET)
-    b.exit(2, t + 6 * MS, reason="exception", exc=RESET)
-    for r in (0, 1):
-        i = b.begin(r, t + 2 * MS, "all_reduce")
-        b.end(r, i, t + 7 * MS, exc=RESET)
-        b.exit(r, t + 8 * MS, reason="exception", exc=RESET)
+    _subgroup_mismatch_then_world(b, t)
     _, f = replay(b, {2, 3})
     assert errors(f) == [("collective_mismatch", [2, 3]), ("op_failed", [3])], [x.to_json()["message"] for x in f]
     assert f[1].group == "x"
