@@ -138,6 +138,9 @@ INTERRUPTED = textwrap.dedent("""
     dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + sys.argv[1], rank=0, world_size=1)
     for _ in range(5):
         dist.all_reduce(torch.ones(1))
+    # (Python's own SIGINT handler, which it does not install where SIGINT was ignored when it
+    # started: a shell's background job, as CI's was, and the kill did nothing)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     os.kill(os.getpid(), signal.SIGINT)  # as Ctrl-C does: a KeyboardInterrupt, uncaught
     time.sleep(60)
 """)
