@@ -263,7 +263,8 @@ def _kept(env: dict[str, str]) -> str:
         limit = retention.NONE
     if not limit.bounded:
         return " (keeping all of each rank's history: --retain)"
-    return f" (keeping at most {limit.describe()} of history: --retain)"  # ('1.0 MiB per rank of each rank's')
+    # (``describe`` says "per rank" itself: "of each rank's history" said it twice, helper-177)
+    return f" (keeping at most {limit.describe()} of history: --retain)"
 
 
 def _adopt_orphans() -> None:
