@@ -540,10 +540,11 @@ def test_a_forked_worker_holds_only_its_own_pipes(tmp_path):
     pool = bulkread.Workers(2, "fork")
     try:
         first, second = pool.procs
-        for p in (first, second):  # (once it has closed what it inherited)
-            wait_for(lambda p=p: sorted(os.listdir(f"/proc/{p.pid}/fd"), key=int) == ["0", "1", "2"],
-                     "the worker to close what it inherited")
-            assert psutil.Process(p.pid).name() == bulkread.FORKED_NAME
+        for p in (first, second):  # (once it has closed what it inherited, then named itself: it
+            # closes first, and a look between the two saw its caller's name, CI at bc8c562)
+            wait_for(lambda p=p: sorted(os.listdir(f"/proc/{p.pid}/fd"), key=int) == ["0", "1", "2"]
+                     and psutil.Process(p.pid).name() == bulkread.FORKED_NAME,
+                     "the worker to close what it inherited and name itself")
         first.kill()  # its output ends though the second (forked after it) lives on
         assert bulkread.readable(first.stdout, 60) and first.stdout.read(1) == b""
         assert first.wait(60) == -signal.SIGKILL and second.poll() is None
