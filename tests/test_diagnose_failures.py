@@ -1328,3 +1328,25 @@ def test_a_failure_of_ranks_in_different_ops_is_not_said_as_one_op():
     (failed,) = [c for c in f[0].evidence["consequences"] if c["kind"] == "op_failed"]
     assert failed["message"].startswith("collective #4 of group 0 (all_reduce, broadcast) failed on ranks 0, 1, 2 (")
     assert "Then: collective #4 failed on ranks 0, 1, 2" in f[0].message, f[0].message
+
+
+@pytest.mark.parametrize("world,size", [(16, 4), (8, 4)])
+def test_one_rank_per_group_calling_the_worlds_collective_is_one_error_naming_those_ranks(world, size):
+    """A rank in each group of ``size`` calls the world's all_reduce where the rest of its
+    group call the group's: every group's hang waits on its odd rank, the world's on all the
+    others (a cycle through every group).  One error names the odd ranks, the world's hang
+    and the other groups' its consequences.  Before, at 16 ranks the world's four waiters
+    outnumbered each group's three and its hang named the twelve ranks that did right; at 8,
+    three errors stood (at 4,096 ranks in groups of 8, one naming the 3,584 that did right)."""
+    b = TraceBuilder(world)
+    for k in range(world // size):
+        b.group(f"g{k}", list(range(k * size, (k + 1) * size)))
+    t = b.warmup()
+    odd = set(range(0, world, size))
+    for r in range(world):
+        b.begin(r, t, "all_reduce", **({} if r in odd else {"group": f"g{r // size}"}))
+    b.heartbeats(b.t0, t + 10 * S)
+    _, f = replay(b, odd, hang_after=3.0)
+    assert errors(f) == [("missing_ranks", sorted(odd))], [x.to_json()["message"] for x in f]
+    assert sorted(c["group"] for c in f[0].evidence["consequences"]) == ["0"] + [f"g{k}" for k in range(1, world // size)]
+    assert f[0].message.startswith(f"ranks {', '.join(map(str, sorted(odd)))} are each in another group's collective")

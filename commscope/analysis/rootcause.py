@@ -384,35 +384,54 @@ def resolve(model: TraceModel, findings: list[Finding], now: int,
 
 
 def _crossed(errors: list[Finding]) -> list[Finding]:
-    """Two hangs in different groups that wait on each other (rank 0 called a subgroup's
-    all_reduce where ranks 1 and 2 called the world's: 0 waits in the subgroup's for 1,
-    which waits in the world's for 0): the cycle stops rule 2's walk, and each named the
-    other's victim (helper-176: rank 1, which did as the majority did).  The hang more
-    ranks wait in is the root, the other its consequence, folded before the walk, so what
-    else waits on rank 1 is led through its wait to rank 0 (helper-180: a recv from rank 1
-    still named it); every culprit of the consequence waits in the root, and some culprit
-    of the root in the consequence (the root may name others besides: an idle absentee).
-    Where as many wait in each (two ranks that called two groups' collectives in opposite
-    orders), both stand."""
+    """Hangs in different groups that wait on each other (a collective called on the wrong
+    group: rank 0 called a subgroup's all_reduce where ranks 1 and 2 called the world's; 0
+    waits in the subgroup's for 1, which waits in the world's for 0): the cycle stops rule
+    2's walk, and each named the other's victim (helper-176: rank 1, which did as the
+    majority did).  In each such cycle (a strongly connected part of "its culprits wait in
+    that hang", over every group: a rank per 8-rank group calling the world's is 513 hangs,
+    helper-180), the hangs whose ranks did most as the rest of their group did (waiters less
+    absentees held in the cycle) are the root, one finding naming all their absentees; the
+    others are its consequences, folded before the walk, so what else waits on rank 1 is led
+    through its wait to rank 0 (helper-180: a recv from rank 1 still named it).  Every
+    culprit of a consequence waits in a root (the root may name others besides: an idle
+    absentee).  Where every hang of a cycle stands as well as the others (two ranks that
+    called two groups' collectives in opposite orders), all stand.  Before, the hang more
+    ranks waited in was the root: the world's, whose four waiters outnumbered each group's
+    three, named the twelve ranks that did right (a rank per 4-rank group of 16)."""
     hangs = [f for f in errors if f.kind == "missing_ranks" and f.culprits]
-    waiting_in: dict[int, list[Finding]] = {}
-    for f in hangs:
+    if len(hangs) < 2:
+        return errors
+    waiting_in: dict[int, list[int]] = {}  # a rank -> the hangs it waits in
+    for k, f in enumerate(hangs):
         for v in f.victims:
-            waiting_in.setdefault(v, []).append(f)
+            waiting_in.setdefault(v, []).append(k)
+
+    def held(k: int) -> list[int]:
+        """The hangs of other groups that hang ``k``'s absentees wait in."""
+        return sorted({j for c in hangs[k].culprits for j in waiting_in.get(c, ()) if hangs[j].group != hangs[k].group})
+
     folded: set[int] = set()
-    for f in hangs:
-        if id(f) in folded:
+    for part in strongly_connected(range(len(hangs)), held):
+        if len(part) < 2:
             continue
-        for g in {id(g): g for c in f.culprits for g in waiting_in.get(c, ())}.values():
-            if g is f or id(g) in folded or g.group == f.group or len(f.victims) == len(g.victims):
-                continue
-            root, then = (f, g) if len(f.victims) > len(g.victims) else (g, f)
-            if not (set(then.culprits) <= root.victims.keys() and set(root.culprits) & then.victims.keys()):
-                continue
-            _absorb(root, then)
-            folded.add(id(then))
-            if then is f:
-                break
+        inside = {v for k in part for v in hangs[k].victims}
+        score = {k: len(hangs[k].victims) - sum(c in inside for c in hangs[k].culprits) for k in part}
+        best = max(score.values())
+        roots = sorted(k for k in part if score[k] == best)  # (in the errors' order)
+        then = [hangs[k] for k in part if score[k] != best]
+        waits = {v for k in roots for v in hangs[k].victims}
+        if not then or any(not set(f.culprits) <= waits for f in then):
+            continue
+        root, more = hangs[roots[0]], [hangs[k] for k in roots[1:]]
+        if more:
+            blamed = sorted({c for f in (root, *more) for c in f.culprits})
+            root.message = (f"{ranks_text(blamed)} are each in another group's collective while "
+                            f"{len(roots)} groups wait for them; first: {root.message}")
+            _absorb(root, *more)
+            root.culprits = blamed
+        _absorb(root, *then)
+        folded |= {id(f) for f in (*more, *then)}
     return [f for f in errors if id(f) not in folded] if folded else errors
 
 
