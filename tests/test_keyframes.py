@@ -264,6 +264,35 @@ def test_a_writer_s_keeper_writes_keyframes_beside_it_and_ends_with_it(tmp_path,
     assert reader._lines_read[(0, 0)] == k + len(segs)  # (its metas and every heartbeat: none lost)
 
 
+def test_a_process_writing_stream_after_stream_starts_one_keeper(tmp_path, monkeypatch):
+    """``commscope copy`` and a synthetic store write one rank after another: each writer's
+    stream passes ``FOLLOW_AFTER`` and closes.  The process's keeper stays for the next
+    writer (told each closed stream is done) and ends ``LINGER_S`` after the last; before,
+    each close ended it and the next writer started another (256 ranks: 256 children)."""
+    monkeypatch.setenv(keyframes.ENV_EVERY, "0.2")
+    children_seen = []
+    for rank in range(3):
+        w = DirectoryWriter(tmp_path, "job", rank, {"world_size": 3})
+        w.write([_meta(rank)])
+        k = 0
+        while w._keeper is None:  # (past FOLLOW_AFTER: a few hundred lines)
+            w.write([_line(j, rank) for j in range(k, k + 50)])
+            k += 50
+        children_seen.append(w._keeper._child)
+        w.close()
+    assert children_seen[0] is not None and children_seen[0].poll() is None
+    assert children_seen[1:] == children_seen[:1] * 2
+    assert children_seen[0].wait(60) == 0  # (no writer came: its commands ended)
+
+
+def test_a_keepers_end_line_names_its_stream_and_nothing_else():
+    assert children.ended(children.end_line((3, 1))) == (3, 1)
+    assert children.ended(b"3 1 end") == (3, 1)
+    for line in (b"3 1\n", b"3 1 4 rank-00003+1.s000004.t1.jsonl\n", b"03 1 end\n", b"3 1 end x\n", b"-3 1 end\n"):
+        assert children.ended(line) is None, line
+    assert keyframes._named(children.end_line((3, 1))) is None
+
+
 @pytest.mark.parametrize(("text", "want"), [("", keyframes.EVERY_S), ("2.5", 2.5), ("0", None), ("off", None),
                                             ("OFF", None)])
 def test_keyframes_every_so_many_seconds_or_none(monkeypatch, text, want):

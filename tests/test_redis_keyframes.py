@@ -728,3 +728,33 @@ def test_a_keeper_s_command_line_is_read_strictly_and_an_older_writer_s_still_st
     then (helper-160: it exited 2 every 30 s and the job took no keyframes, silently)."""
     monkeypatch.setattr(redis_keeper.os, "read", lambda fd, n: b"")  # (its standard input ended at once)
     assert redis_keeper.main(argv) == code
+
+
+def test_a_keeper_told_a_stream_is_done_keyframes_it_no_more(redis_url):
+    """A process writing rank after rank (``commscope copy`` into Redis) keeps one keeper,
+    which is told each closed stream is done (``children.end_line``) and stops following it:
+    rank 1, followed after rank 0 was done, gets its keyframe alone.  Before, every stream a
+    process ever wrote was followed until the process ended (each keeper ended with the
+    writer that closed, and the next writer started another)."""
+    import os
+    import threading
+
+    writers = [RedisWriter(redis_url, "job", r, {"world_size": 2}, marks="off") for r in (0, 1)]
+    for w in writers:
+        w.write([meta(w.rank, 2)])
+        Beats(w).write(100)
+    read_end, write_end = os.pipe()
+    loop = threading.Thread(target=redis_keeper.keep, args=(redis_url, "job", os.fdopen(read_end, "rb"), 0.1),
+                            daemon=True)
+    os.write(write_end, b"0 0\n" + children.end_line((0, 0)) + b"1 0\n")  # (one write: read as one batch)
+    loop.start()
+    deadline = time.monotonic() + BOUND_S
+    while not frames_of(redis_url, "job", 1):
+        assert time.monotonic() < deadline, "never: rank 1's keyframe"
+        time.sleep(0.05)
+    assert frames_of(redis_url, "job", 0) == []
+    os.close(write_end)
+    loop.join(BOUND_S)
+    assert not loop.is_alive()
+    for w in writers:
+        w.close()

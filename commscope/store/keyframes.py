@@ -366,6 +366,10 @@ def keep(directory: Path, commands: BinaryIO, every_s: float = EVERY_S,
         if lines is None:
             return 0
         for line in lines:
+            gone = children.ended(line)
+            if gone is not None:  # (its writer closed: the process's next may name another)
+                followed.pop(gone, None)
+                continue
             named = _named(line)
             if named is None:
                 continue

@@ -130,6 +130,10 @@ def keep(url: str, job: str, commands: BinaryIO, every_s: float, known: Sequence
             if lines is None:
                 return 0
             for line in lines:
+                gone = children.ended(line)
+                if gone is not None:  # (its writer closed: the process's next may name another)
+                    followed.pop(gone, None)
+                    continue
                 stream = named(line)
                 if stream is not None and stream not in followed:
                     followed[stream] = redis_marks.Framed(job, stream)
