@@ -103,6 +103,12 @@ def test_stacks_fold_the_plumbing_and_keep_user_frames():
                                 [c10d + "c10d_logger.py", 81, "_exception_logger.<locals>.wrapper"],  # 'inside
                                 [c10d + "distributed_c10d.py", 2790, "broadcast"]])  # _exception_logger...')
     assert spied["where"] == "/job/hang.py:7 in <module>" and spied["inside"] == "broadcast"
+    deprecated = fold("MainThread", [["/job/hang.py", 8, "<module>"],  # (torch's ``deprecated`` wrapper: helper-182
+                                     [c10d + "c10d_logger.py", 81, "_exception_logger.<locals>.wrapper"],  # saw
+                                     ["/v/lib/python3.11/site-packages/typing_extensions.py", 3140,  # "at typing_
+                                      "deprecated.__call__.<locals>.wrapper"],  # extensions.py:3140")
+                                     [c10d + "distributed_c10d.py", 4300, "reduce_scatter_tensor"]])
+    assert deprecated["where"] == "/job/hang.py:8 in <module>" and deprecated["inside"] == "reduce_scatter_tensor"
 
 
 def _stack_event() -> dict:

@@ -19,11 +19,14 @@ import orjson
 #: File paths of frames that are plumbing, not the user's code: torch, commscope's own
 #: recorder, varlen toolkit and launchers, and the standard library (its thread, process
 #: and import machinery, and leaf calls like ``os.path.exists`` the user's frame is inside),
+#: typing_extensions' ``deprecated`` wrapper (torch's around all_gather_into_tensor and
+#: reduce_scatter_tensor: a crash or a snapshot said "at typing_extensions.py:3140", helper-182),
 #: and native frames (a shared library's, or the interpreter's own: ``commscope snapshot``).
 _INTERNAL = re.compile(
     r"[/\\]torch[/\\]|[/\\]commscope[/\\](record|varlen)[/\\]|[/\\]commscope[/\\]launch\.py$|"
     r"[/\\]commscope[/\\]scenarios[/\\](runner|base)\.py$|[/\\]multiprocessing[/\\]|"
     r"[/\\]lib[/\\]python3\.\d+[/\\](?!site-packages|dist-packages)|^<frozen |^<string>$|"
+    r"[/\\]typing_extensions\.py$|"  # (the ``deprecated`` wrapper torch puts around some collectives)
     r"\.so(\.[\d.]+)?$|[/\\]python3?(\.\d+)?$")  # native frames (py-spy --native): libraries, the interpreter
 #: Names of decorator layers: "inside" names the first real function below the user's frame.
 _GENERIC = frozenset({"wrapper", "inner", "wrapped", "_fn", "decorate_context", "__call__", "_call_impl",
