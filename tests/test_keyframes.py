@@ -557,6 +557,8 @@ def test_a_keeper_that_died_is_started_again_and_told_every_stream(tmp_path, mon
     first.wait(60)
     had = [keyframes_of(r) for r in range(2)]
     write_until(lambda: keeper._child is not first and all(keyframes_of(r) > had[r] for r in range(2)))
+    second = keeper._child
     for w in writers:
         w.close()
+    assert second is not None and second.wait(60) == 0  # (``LINGER_S`` after the last writer closed)
     assert keeper._child is None
