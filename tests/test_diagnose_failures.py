@@ -1356,3 +1356,63 @@ def test_one_rank_per_group_calling_the_worlds_collective_is_one_error_naming_th
     assert errors(f) == [("missing_ranks", sorted(odd))], [x.to_json()["message"] for x in f]
     assert sorted(c["group"] for c in f[0].evidence["consequences"]) == ["0"] + [f"g{k}" for k in range(1, world // size)]
     assert f[0].message.startswith(f"ranks {', '.join(map(str, sorted(odd)))} are each in another group's collective")
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_a_p2p_deadlock_ended_by_timeouts_is_one_p2p_deadlock(world):
+    """Each rank's recv from the next waits for a send that rank never posts (it waits in
+    its own recv), until Gloo's timeout ends every wait and the ranks exit (the exception
+    caught).  Live, one p2p_deadlock; after, each recv's op_failed was blamed on the next
+    rank, an error each, naming every rank a victim of another (helper-182).  One
+    p2p_deadlock of them all, its cycle the failed recvs, the failures its consequences."""
+    b = TraceBuilder(world)
+    t = b.warmup()
+    ids = {r: b.begin(r, t + r * MS, "recv", peer=(r + 1) % world, dir="recv") for r in range(world)}
+    b.heartbeats(b.t0, t + 10 * S)
+    for r in range(world):
+        b.end(r, ids[r], t + 10 * S + r * MS, exc=TIMED_OUT)
+        b.exit(r, t + 10 * S + 5 * MS, code=2)
+    _, f = replay(b, set(range(world)), hang_after=3.0)
+    assert errors(f) == [("p2p_deadlock", list(range(world)))], [x.to_json()["message"] for x in f]
+    assert [c["kind"] for c in f[0].evidence["consequences"]] == ["op_failed"] * world
+    assert [s["rank"] for s in f[0].evidence["cycle"]] == ([0, 1] if world == 2 else [0, 1, 2])
+    assert "; the backend's timeout ended each wait. Then: recv #1 failed on rank 0" in f[0].message
+
+
+def test_p2p_timeouts_that_did_not_wait_at_once_are_no_deadlock():
+    """Rank 0's recv from 1 timed out before rank 1 began its recv from 0: no cycle of
+    waits at once, and each timeout stands (the first is rank 1's doing: it came late)."""
+    b = TraceBuilder(2)
+    t = b.warmup()
+    i = b.begin(0, t, "recv", peer=1, dir="recv")
+    b.end(0, i, t + 5 * S, exc=TIMED_OUT)
+    j = b.begin(1, t + 6 * S, "recv", peer=0, dir="recv")
+    b.end(1, j, t + 11 * S, exc=TIMED_OUT)
+    b.heartbeats(b.t0, t + 12 * S)
+    _, f = replay(b, {0, 1}, hang_after=3.0)
+    assert "p2p_deadlock" not in {x.kind for x in f}
+
+
+def test_a_subgroup_mismatch_its_ranks_wait_in_is_the_root_of_the_world_collective_timing_out():
+    """Groups {0, 1} and {2, 3}; rank 3 calls broadcast where rank 2 calls all_reduce, and
+    both wait there (nothing aborts them); ranks 0 and 1 then time out in the next world
+    all_reduce, blamed on ranks 2 and 3, and crash.  One error, the mismatch, the world's
+    failure and the crashes its consequences.  Before, the failure stood beside it, blamed
+    on the ranks the mismatch held (helper-182; the rule covered ranks it aborted only)."""
+    b = TraceBuilder(4)
+    b.group("a", [0, 1])
+    b.group("b", [2, 3])
+    t = b.warmup()
+    for r in (0, 1):
+        b.sync(r, t, t + MS, "all_reduce", group="a")
+    b.begin(2, t, "all_reduce", group="b")
+    b.begin(3, t, "broadcast", group="b", root=2)
+    for r in (0, 1):
+        i = b.begin(r, t + 2 * MS, "all_reduce")
+        b.end(r, i, t + 15 * S, exc="RuntimeError: [../pair.cc:598] Timed out waiting 15000ms for send operation "
+                                  "to complete")
+        b.exit(r, t + 15 * S + MS, reason="exception", exc="RuntimeError: Timed out waiting 15000ms")
+    b.heartbeats(b.t0, t + 16 * S, ranks=[2, 3])
+    _, f = replay(b, {2, 3})
+    assert errors(f) == [("collective_mismatch", [2, 3])], [x.to_json()["message"] for x in f]
+    assert {c["kind"] for c in f[0].evidence["consequences"]} == {"op_failed", "rank_crashed"}

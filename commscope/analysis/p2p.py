@@ -146,9 +146,31 @@ def _step(model: TraceModel, r: int, i: int, now: int) -> dict[str, Any]:
 
 def _say(model: TraceModel, r: int, i: int) -> str:
     s = model.sig_of(r, i)
-    peer = int(model.ranks[r].peer[i])
-    what = f"send to {peer if peer >= 0 else '?'}" if s.flags & SEND else f"recv from {peer if peer >= 0 else 'any'}"
-    return f"rank {r} waits {s.op} ({what}) at {s.site or '?'}"
+    return _said(r, s.op, bool(s.flags & SEND), int(model.ranks[r].peer[i]), s.site)
+
+
+def _said(r: int, op: str, send: bool, peer: int, site: str | None) -> str:
+    what = f"send to {peer if peer >= 0 else '?'}" if send else f"recv from {peer if peer >= 0 else 'any'}"
+    return f"rank {r} waits {op} ({what}) at {site or '?'}"
+
+
+def timed_out(cycle: list[dict[str, Any]], part: list[int]) -> Finding:
+    """The p2p_deadlock of ranks ``part`` whose waits their timeouts ended (``rootcause``
+    finds them: each failed send or recv blamed on a peer whose own is blamed on the next,
+    back to the first), from the failed ops' evidence (``op_brief``), ``cycle`` in cycle
+    order.  Live it was a p2p_deadlock; once the timeouts fired, each rank's op_failed named
+    the next, an error each (helper-182)."""
+    b0 = cycle[0]
+    text = " → ".join(_said(b["rank"], b["op"], b.get("dir") == "send", b.get("peer", -1), b.get("site"))
+                      for b in cycle) + f" → rank {b0['rank']}"
+    ranks = [b["rank"] for b in cycle]
+    among = ", ".join(map(str, ranks)) if set(ranks) == set(part) else (
+        f"{ranges(part)} ({len(part)} ranks that wait for each other; one cycle of them)")
+    steps = [{**{k: v for k, v in b.items() if k not in ("exc", "failure", "failed_ns", "after_s")},
+              "blocked_s": b.get("duration_s")} for b in cycle]
+    msg = f"p2p deadlock among ranks {among}: {text}; the backend's timeout ended each wait"
+    return Finding("p2p_deadlock", b0.get("group"), b0.get("seq"), b0["op"], sorted(part), sorted(part), msg,
+                   Deadlock(cycle=steps, chain=text), ts=min(int(b["begin_ns"]) for b in cycle))
 
 
 def _components(edges: dict[int, list[tuple[int, int]]]) -> list[list[int]]:

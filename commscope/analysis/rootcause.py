@@ -8,7 +8,8 @@ rules, applied to one snapshot of the model (so they hold at every moment of a l
 1. A collective mismatch is the root of everything at its instances: the ops that failed
    there, and the ranks that died in it (Gloo aborts a process on mismatched sizes); and,
    as a departure is (rule 3), of what later names only ranks that died in it (a world
-   collective failing after a subgroup's mismatch aborted its ranks).
+   collective failing after a subgroup's mismatch aborted its ranks) or that it holds
+   (waiting there, or failed there: ``_held_in``).
 2. Every finding says which ranks it shows as victims and whom they wait on
    (``Finding.victims``; an any-source recv on any one of its members, not all: those
    waiting on it in turn are dropped where others can send, ``_either``).  A culprit
@@ -16,7 +17,8 @@ rules, applied to one snapshot of the model (so they hold at every moment of a l
    waits on, transitively (a cycle stops the walk: those ranks are each other's culprits).
    Two hangs in different groups that wait on each other (a collective called on the wrong
    group) are a cycle too: the one more ranks wait in is the root, the other its
-   consequence (``_crossed``).  A finding whose culprits lead elsewhere is a consequence of
+   consequence (``_crossed``).  A cycle of send/recv timeouts, each blamed on the next
+   rank, is the p2p deadlock they ended (``_timed_out``).  A finding whose culprits lead elsewhere is a consequence of
    the finding that names the ranks they lead to; but an ``op_failed`` that raised on its rank itself (refused as
    it was called, a peer the job does not have) is its rank's own doing, whatever that
    rank waits on later.  A victim whose blame is not known yet makes its finding a
@@ -65,6 +67,7 @@ from commscope.analysis.errors import first_line
 from commscope.analysis.failures import death_message, instance_key
 from commscope.analysis.findings import DEPARTED, ERROR, Finding, attach_stacks, ranks_text
 from commscope.analysis.model import TraceModel
+from commscope.analysis.p2p import timed_out
 from commscope.analysis.rankstate import SLACK_NS
 from commscope.analysis.vocab import signal_name
 
@@ -182,7 +185,10 @@ def resolve(model: TraceModel, findings: list[Finding], now: int,
                 died_in.setdefault(f.culprits[0], target)
         else:
             keep.append(f)
-    errors = _crossed(keep)
+    for k, m in mism.items():  # (and the ranks it holds, stuck in it or failed there: helper-182)
+        for r in _held_in(model, k):
+            died_in.setdefault(r, m)
+    errors = _timed_out(_crossed(keep))
     _either(errors)
     # (who each rank blocked in a send or recv waits on, as first found: rule 2 may fold its
     # finding into another's, and ``_p2p_cycle`` follows chains of them)
@@ -383,6 +389,21 @@ def resolve(model: TraceModel, findings: list[Finding], now: int,
     return sorted(final + rest, key=Finding.sort_key)
 
 
+def _held_in(model: TraceModel, key: tuple) -> list[int]:
+    """The ranks a mismatch (at ``key``: "coll", space, group, seq) holds: those whose op
+    there never completed (still waiting in it, or failed in it).  What later names only
+    them is its consequence, as for the ranks it aborted (rule 1): ranks 2 and 3 of a
+    subgroup disagreed and waited there; the world all_reduce ranks 0 and 1 then waited in
+    timed out, blamed on 2 and 3, an error beside the mismatch (helper-182)."""
+    gi = model.coll.get((key[1], key[2]))
+    out = []
+    for r, i in (gi.at(key[3]) if gi is not None and key[3] is not None else {}).items():
+        rt = model.ranks.get(r)
+        if rt is not None and (not rt.comp[i] or i in rt.exc):
+            out.append(r)
+    return out
+
+
 def _crossed(errors: list[Finding]) -> list[Finding]:
     """Hangs in different groups that wait on each other (a collective called on the wrong
     group: rank 0 called a subgroup's all_reduce where ranks 1 and 2 called the world's; 0
@@ -433,6 +454,43 @@ def _crossed(errors: list[Finding]) -> list[Finding]:
         _absorb(root, *then)
         folded |= {id(f) for f in (*more, *then)}
     return [f for f in errors if id(f) not in folded] if folded else errors
+
+
+def _timed_out(errors: list[Finding]) -> list[Finding]:
+    """A p2p deadlock the backend's timeouts ended (each rank's recv from the next timed out):
+    each failed op is blamed on its peer, whose own failed op is blamed on the next, back to
+    the first, waits that overlapped.  The cycle stops rule 2's walk, and each stood as an
+    error naming the next rank (helper-182: live, one p2p_deadlock; after, an op_failed per
+    rank).  They are one ``p2p_deadlock`` of those ranks (``p2p.timed_out``), the failures its
+    consequences, found before the walk."""
+    outs: dict[int, Finding] = {}  # a failed rank -> its p2p timeout
+    for f in errors:
+        failed = f.evidence.get("failed") if _p2p_timeout(f) else None
+        if isinstance(failed, dict) and len(failed) == 1:
+            (r, brief), = failed.items()
+            if isinstance(brief, dict) and "begin_ns" in brief and "failed_ns" in brief:
+                outs.setdefault(int(r), f)
+    if len(outs) < 2:
+        return errors
+    folded: set[int] = set()
+    made: list[Finding] = []
+    for part in strongly_connected(sorted(outs), lambda r: [c for c in outs[r].culprits if c in outs]):
+        fs = [outs[r] for r in sorted(part)]
+        briefs = {r: outs[r].evidence["failed"][str(r)] for r in part}
+        if len(part) < 2 or any(not set(f.culprits) <= set(part) for f in fs) or \
+                max(b["begin_ns"] for b in briefs.values()) >= min(b["failed_ns"] for b in briefs.values()):
+            continue  # (not each other's alone, or not waiting at once)
+        seen: list[int] = []  # (from the lowest rank, each to the peer its timeout is blamed on)
+        r = min(part)
+        while r not in seen:
+            seen.append(r)
+            r = outs[r].culprits[0]
+        cycle = seen[seen.index(r):]
+        d = timed_out([briefs[c] for c in cycle], sorted(part))
+        _absorb(d, *fs)
+        folded |= {id(f) for f in fs}
+        made.append(d)
+    return [f for f in errors if id(f) not in folded] + made if made else errors
 
 
 def _either(findings: list[Finding]) -> None:
