@@ -1,5 +1,5 @@
-"""Numbers as people read them: bytes in KiB/MiB/GiB, and a resource sample in words.
-The one formatter of sizes for the console, the findings and the benchmarks.  Torch-free leaf."""
+"""Numbers as people read them: bytes in KiB/MiB/GiB, durations, and a resource sample in words.
+The one formatter of sizes and of durations for the console, the findings and the benchmarks.  Torch-free leaf."""
 
 from __future__ import annotations
 
@@ -20,6 +20,22 @@ def size(n: float | None) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} TiB"
+
+
+def duration(ns: float) -> str:
+    """'307 µs', '1.4 ms', '2.5 s', '3.0 min', '2.1 h': a duration in the unit that reads."""
+    s = ns / 1e9
+    if s < 0:
+        return "-" + duration(-ns)
+    if s < 1e-3:
+        return f"{s * 1e6:.0f} µs"
+    if s < 1:
+        return f"{s * 1e3:.1f} ms"
+    if s < 120:
+        return f"{s:.1f} s"
+    if s < 7200:
+        return f"{s / 60:.1f} min"
+    return f"{s / 3600:.1f} h"
 
 
 def sample_text(sample: Mapping[str, Any]) -> str:

@@ -1358,23 +1358,30 @@ def test_one_rank_per_group_calling_the_worlds_collective_is_one_error_naming_th
     assert f[0].message.startswith(f"ranks {', '.join(map(str, sorted(odd)))} are each in another group's collective")
 
 
+@pytest.mark.parametrize("crashed", [False, True])
 @pytest.mark.parametrize("world", [2, 3])
-def test_a_p2p_deadlock_ended_by_timeouts_is_one_p2p_deadlock(world):
+def test_a_p2p_deadlock_ended_by_timeouts_is_one_p2p_deadlock(world, crashed):
     """Each rank's recv from the next waits for a send that rank never posts (it waits in
     its own recv), until Gloo's timeout ends every wait and the ranks exit (the exception
-    caught).  Live, one p2p_deadlock; after, each recv's op_failed was blamed on the next
-    rank, an error each, naming every rank a victim of another (helper-182).  One
-    p2p_deadlock of them all, its cycle the failed recvs, the failures its consequences."""
+    caught) or crash of it.  Live, one p2p_deadlock; after, each recv's op_failed was blamed
+    on the next rank, an error each, naming every rank a victim of another; crashed, their
+    crash together was the root and the deadlock its consequence (helper-182).  One
+    p2p_deadlock of them all, its cycle the failed recvs, the failures (and crashes) its
+    consequences."""
     b = TraceBuilder(world)
     t = b.warmup()
     ids = {r: b.begin(r, t + r * MS, "recv", peer=(r + 1) % world, dir="recv") for r in range(world)}
     b.heartbeats(b.t0, t + 10 * S)
     for r in range(world):
         b.end(r, ids[r], t + 10 * S + r * MS, exc=TIMED_OUT)
-        b.exit(r, t + 10 * S + 5 * MS, code=2)
+        if crashed:
+            b.exit(r, t + 10 * S + 5 * MS, reason="exception", exc=TIMED_OUT)
+        else:
+            b.exit(r, t + 10 * S + 5 * MS, code=2)
     _, f = replay(b, set(range(world)), hang_after=3.0)
     assert errors(f) == [("p2p_deadlock", list(range(world)))], [x.to_json()["message"] for x in f]
-    assert [c["kind"] for c in f[0].evidence["consequences"]] == ["op_failed"] * world
+    assert sorted(c["kind"] for c in f[0].evidence["consequences"]) == \
+        ["op_failed"] * world + (["rank_crashed"] * world if crashed else [])
     assert [s["rank"] for s in f[0].evidence["cycle"]] == ([0, 1] if world == 2 else [0, 1, 2])
     assert "; the backend's timeout ended each wait. Then: recv #1 failed on rank 0" in f[0].message
 
@@ -1416,3 +1423,57 @@ def test_a_subgroup_mismatch_its_ranks_wait_in_is_the_root_of_the_world_collecti
     _, f = replay(b, {2, 3})
     assert errors(f) == [("collective_mismatch", [2, 3])], [x.to_json()["message"] for x in f]
     assert {c["kind"] for c in f[0].evidence["consequences"]} == {"op_failed", "rank_crashed"}
+
+
+def test_a_failure_blamed_on_ranks_of_a_p2p_deadlock_is_its_consequence():
+    """Ranks 0 and 1 each recv from the other, never sending; rank 2's all_reduce times out
+    on them ("each held in a send or recv the others of them had not posted").  One error,
+    the deadlock; before, the all_reduce's failure stood beside it (helper-182)."""
+    b = TraceBuilder(3)
+    t = b.warmup()
+    ids = {r: b.begin(r, t, "recv", peer=1 - r, dir="recv") for r in (0, 1)}
+    i = b.begin(2, t, "all_reduce")
+    b.heartbeats(b.t0, t + 10 * S)
+    b.end(2, i, t + 10 * S, exc="RuntimeError: [../pair.cc:598] Timed out waiting 10000ms for recv operation to "
+                                "complete")
+    for r in (0, 1):
+        b.end(r, ids[r], t + 10 * S + (r + 1) * MS, exc=TIMED_OUT)
+    _, f = replay(b, {0, 1}, hang_after=3.0)
+    assert errors(f) == [("p2p_deadlock", [0, 1])], [x.to_json()["message"] for x in f]
+    assert sorted(c["kind"] for c in f[0].evidence["consequences"]) == ["op_failed"] * 3
+    assert any(c["group"] == "0" and c["op"] == "all_reduce" for c in f[0].evidence["consequences"])
+
+
+def test_a_wrong_group_call_per_group_beside_an_idle_rank_names_each_apart():
+    """As above at 16 ranks, but rank 12 (its group's odd rank) is idle, never calling
+    anything: the world's hang names it besides the ranks the groups hold, and group g3's
+    hang names it alone.  Two errors: ranks 0, 4 and 8 (the wrong-group calls), and rank 12
+    (idle); before, the cycle was not folded (an absentee of the world's hang not held in
+    it) and the world's hang named the ranks that did right (helper-184)."""
+    b = TraceBuilder(16)
+    for k in range(4):
+        b.group(f"g{k}", list(range(k * 4, (k + 1) * 4)))
+    t = b.warmup()
+    for r in range(16):
+        if r != 12:
+            b.begin(r, t, "all_reduce", **({} if r % 4 == 0 else {"group": f"g{r // 4}"}))
+    b.heartbeats(b.t0, t + 10 * S)
+    _, f = replay(b, {0, 4, 8, 12}, hang_after=3.0)
+    assert errors(f) == [("missing_ranks", [0, 4, 8]), ("missing_ranks", [12])], [x.to_json()["message"] for x in f]
+
+
+@pytest.mark.parametrize(("latency_us", "said"), [(40, "40 µs"), (300, "300 µs"), (1400, "1.4 ms")])
+def test_a_straggler_says_how_long_its_collectives_take_in_the_unit_that_reads(latency_us, said):
+    """"the collectives themselves take a median 0.00 ms" where they took 40-300 µs, and
+    1.00 ms for 600 µs-1.4 ms: the latency was rounded to whole ms (helper-181)."""
+    b = TraceBuilder(4)
+    t = b.t0 + S // 10
+    for _ in range(12):
+        t = b.collective(t, "all_reduce", skew={3: 50 * MS}, latency=latency_us * 1000) + MS
+    b.heartbeats(b.t0, t)
+    m = TraceModel()
+    m.ingest(sorted(b.events, key=lambda e: e["ts"]))
+    f = [x for x in diagnose(m, hang_after=2.0) if x.kind == "straggler"]
+    assert [x.culprits for x in f] == [[3]]
+    assert f"(the collectives themselves take a median {said})" in f[0].message, f[0].message
+    assert f[0].evidence["median_latency_s"] == latency_us / 1e6

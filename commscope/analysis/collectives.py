@@ -34,6 +34,7 @@ from commscope.analysis.indexes import GroupIndex
 from commscope.analysis.model import COLL, SPACE_FR, SPACE_NATIVE, TraceModel, untimed
 from commscope.analysis.ranks import ranges
 from commscope.analysis.rankstate import snapshot
+from commscope.units import duration
 
 #: A rank straggles when it arrives last in at least this share of recent collectives...
 STRAGGLER_LAST_SHARE = 0.7
@@ -254,7 +255,7 @@ class Straggler(Evidence):
     def render(self, f: Finding) -> list[RenderableType]:
         rows = [[g["group"], g["collectives"], f"{g['last_share'] * 100:.0f}%",
                  f"{float(g['median_lateness_s']) * 1e3:.1f} ms", f"{float(g['p90_lateness_s']) * 1e3:.1f} ms",
-                 f"{float(g['median_latency_s']) * 1e3:.1f} ms"] for g in [self, *(self.other_groups or [])]]
+                 duration(float(g['median_latency_s']) * 1e9)] for g in [self, *(self.other_groups or [])]]
         head = [evidence.kv([("host", f"{self.host}: ranks {ranges(self.host_ranks)}, slow together")])] \
             if self.host is not ABSENT else []
         return head + [evidence.table("arrived last", ["group", "collectives", "last", "median late", "p90 late",
@@ -704,7 +705,7 @@ def _lateness(model: TraceModel, gi: GroupIndex, rows: np.ndarray, late_by: np.n
     late = float(np.median(late_by))
     return {"group": gi.name, "src": "fr" if gi.space == SPACE_FR else None, "collectives": int(rows.shape[0]),
             "last_share": round(share, 3), "median_lateness_s": secs(late),
-            "p90_lateness_s": secs(float(np.percentile(late_by, 90))), "median_latency_s": secs(lat_med),
+            "p90_lateness_s": secs(float(np.percentile(late_by, 90))), "median_latency_s": round(lat_med / 1e9, 6),  # (to the µs: collectives of 40-300 µs said "0.00 ms")
             "first_seq": seq_of_row(gi, int(rows[0])), "last_seq": seq_of_row(gi, int(rows[-1])),
             "ops": sorted({model.sig_of(gi.ranks[col], int(gi.seqs.rows()[row, col])).op
                            for row in rows[-8:].tolist()}),
@@ -785,14 +786,14 @@ def find_stragglers(model: TraceModel) -> list[Finding]:
         msg = (f"host {host} (ranks {ranges(ranks)}) arrived last in {top['last_share'] * 100:.0f}% of the "
                f"last {top['collectives']} collectives of group {top['group']}, by a median "
                f"{top['median_lateness_s'] * 1e3:.1f} ms: its ranks are slow together (the collectives themselves "
-               f"take a median {top['median_latency_s'] * 1e3:.2f} ms){_turns(top)}")
+               f"take a median {duration(top['median_latency_s'] * 1e9)}){_turns(top)}")
         out.append(Finding("straggler", top["group"], top["last_seq"], (top["ops"] or [None])[0], top["_members"],
                            ranks, msg, ev))
     for r, stats in per_rank.items():
         top, ev = _worst(stats)
         msg = (f"rank {r} arrived last in {top['last_share'] * 100:.0f}% of the last {top['collectives']} "
                f"collectives of group {top['group']}, by a median {top['median_lateness_s'] * 1e3:.1f} ms "
-               f"(the collectives themselves take a median {top['median_latency_s'] * 1e3:.2f} ms){_turns(top)}")
+               f"(the collectives themselves take a median {duration(top['median_latency_s'] * 1e9)}){_turns(top)}")
         out.append(Finding("straggler", top["group"], top["last_seq"], (top["ops"] or [None])[0], top["_members"],
                            [r], msg, ev))
     return out

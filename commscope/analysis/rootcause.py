@@ -15,10 +15,12 @@ rules, applied to one snapshot of the model (so they hold at every moment of a l
    waiting on it in turn are dropped where others can send, ``_either``).  A culprit
    that is itself a victim is followed to the ranks it
    waits on, transitively (a cycle stops the walk: those ranks are each other's culprits).
-   Two hangs in different groups that wait on each other (a collective called on the wrong
-   group) are a cycle too: the one more ranks wait in is the root, the other its
-   consequence (``_crossed``).  A cycle of send/recv timeouts, each blamed on the next
-   rank, is the p2p deadlock they ended (``_timed_out``).  A finding whose culprits lead elsewhere is a consequence of
+   Hangs in different groups that wait on each other (a collective called on the wrong
+   group) are a cycle too: those whose ranks did most as the rest of their group did are
+   the root, one finding naming all their absentees, the others its consequences
+   (``_crossed``).  A cycle of send/recv timeouts, each blamed on the next
+   rank, is the p2p deadlock they ended (``_timed_out``), and the crashes of those timeouts
+   its consequences (``_crashed_in_deadlock``).  A finding whose culprits lead elsewhere is a consequence of
    the finding that names the ranks they lead to; but an ``op_failed`` that raised on its rank itself (refused as
    it was called, a peer the job does not have) is its rank's own doing, whatever that
    rank waits on later.  A victim whose blame is not known yet makes its finding a
@@ -219,6 +221,7 @@ def resolve(model: TraceModel, findings: list[Finding], now: int,
         else:
             consequences.append((f, r))
     roots.sort(key=lambda f: (_RANK.get(f.kind, 99), f.ts))
+    roots = _crashed_in_deadlock(roots)
     roots, held = _crashed_of_failures(model, roots, {f.culprits[0] for f in errors if f.kind in DEPARTED})
     rooted = {id(f) for f in roots}
     died_in = {r: t for r, t in died_in.items() if id(t) in rooted}  # (a mismatch folded elsewhere: not)
@@ -364,6 +367,10 @@ def resolve(model: TraceModel, findings: list[Finding], now: int,
                 failed_on.get(frozenset(f.culprits))
             if target is not None and target.kind == "op_failed":
                 unmatched.setdefault(frozenset(f.culprits), target)  # (what the send explains, it does)
+        elif f.kind == "op_failed" and f.evidence.get("blame", {}).get("reason") != "local":
+            # (a failure blamed on ranks held in a p2p deadlock, each other's: the deadlock's;
+            # it stood beside it, helper-182: rank 2's all_reduce timed out on ranks 0 and 1)
+            target = deadlock_of(f.culprits)
         if target is not None and target is not f:
             _absorb(target, f)
         else:
@@ -415,8 +422,8 @@ def _crossed(errors: list[Finding]) -> list[Finding]:
     absentees held in the cycle) are the root, one finding naming all their absentees; the
     others are its consequences, folded before the walk, so what else waits on rank 1 is led
     through its wait to rank 0 (helper-180: a recv from rank 1 still named it).  Every
-    culprit of a consequence waits in a root (the root may name others besides: an idle
-    absentee).  Where every hang of a cycle stands as well as the others (two ranks that
+    culprit of a consequence waits in a root, or is another hang's outside the cycle (an idle
+    rank its own group's hang names; the root may name such an absentee besides).  Where every hang of a cycle stands as well as the others (two ranks that
     called two groups' collectives in opposite orders), all stand.  Before, the hang more
     ranks waited in was the root: the world's, whose four waiters outnumbered each group's
     three, named the twelve ranks that did right (a rank per 4-rank group of 16)."""
@@ -427,6 +434,18 @@ def _crossed(errors: list[Finding]) -> list[Finding]:
     for k, f in enumerate(hangs):
         for v in f.victims:
             waiting_in.setdefault(v, []).append(k)
+
+    by_rank: dict[int, list[int]] | None = None
+
+    def named_by(r: int) -> list[int]:
+        """The hangs that name rank ``r``, waiting or absent (indexed once, when first asked)."""
+        nonlocal by_rank
+        if by_rank is None:
+            by_rank = {}
+            for k, f in enumerate(hangs):
+                for x in dict.fromkeys((*f.culprits, *f.victims)):
+                    by_rank.setdefault(x, []).append(k)
+        return by_rank.get(r, [])
 
     def held(k: int) -> list[int]:
         """The hangs of other groups that hang ``k``'s absentees wait in."""
@@ -442,7 +461,11 @@ def _crossed(errors: list[Finding]) -> list[Finding]:
         roots = sorted(k for k in part if score[k] == best)  # (in the errors' order)
         then = [hangs[k] for k in part if score[k] != best]
         waits = {v for k in roots for v in hangs[k].victims}
-        if not then or any(not set(f.culprits) <= waits for f in then):
+        # (a consequence's absentee the root does not hold may be another hang's, outside the
+        # cycle: an idle rank 4 whose group waits for it; helper-184: the cycle was skipped)
+        inner = set(part)
+        if not then or any(not (c in waits or any(k not in inner for k in named_by(c))) for f in then
+                           for c in f.culprits):
             continue
         root, more = hangs[roots[0]], [hangs[k] for k in roots[1:]]
         if more:
@@ -491,6 +514,31 @@ def _timed_out(errors: list[Finding]) -> list[Finding]:
         folded |= {id(f) for f in fs}
         made.append(d)
     return [f for f in errors if id(f) not in folded] + made if made else errors
+
+
+def _crashed_in_deadlock(roots: list[Finding]) -> list[Finding]:
+    """Ranks that crashed of the timeouts that ended a p2p deadlock (``_timed_out``; the
+    exception not caught) crashed of it: each crash in one of its failed ops is its
+    consequence.  Before, their crash together was the root and the deadlock its
+    consequence (helper-182: "ranks 0, 1, 2 crashed together ... Then: p2p_deadlock")."""
+    ended: dict[tuple, Finding] = {}
+    for t in roots:
+        cycle = t.evidence.get("cycle") if t.kind == "p2p_deadlock" else None
+        if cycle and all(isinstance(s, dict) and s.get("state") == "failed" for s in cycle):
+            for k in t.instances:
+                ended.setdefault(k, t)
+    if not ended:
+        return roots
+    into: dict[int, tuple[Finding, list[Finding]]] = {}
+    for f in roots:
+        if f.kind == "rank_crashed":
+            t = next((ended[k] for k in f.instances if k in ended), None)
+            if t is not None and f.culprits[0] in t.culprits:
+                into.setdefault(id(t), (t, []))[1].append(f)
+    for t, crashed in into.values():
+        _absorb(t, *crashed)
+    gone = {id(f) for _, crashed in into.values() for f in crashed}
+    return [f for f in roots if id(f) not in gone]
 
 
 def _either(findings: list[Finding]) -> None:

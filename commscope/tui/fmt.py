@@ -4,22 +4,8 @@ from __future__ import annotations
 
 import time
 
+from commscope.units import duration as duration  # the one duration formatter, re-exported
 from commscope.units import size as size  # the one size formatter, re-exported for the console
-
-
-def duration(ns: float) -> str:
-    s = ns / 1e9
-    if s < 0:
-        return "-" + duration(-ns)
-    if s < 1e-3:
-        return f"{s * 1e6:.0f} µs"
-    if s < 1:
-        return f"{s * 1e3:.1f} ms"
-    if s < 120:
-        return f"{s:.1f} s"
-    if s < 7200:
-        return f"{s / 60:.1f} min"
-    return f"{s / 3600:.1f} h"
 
 
 def compact_size(n: float | None) -> str:
