@@ -11,6 +11,8 @@ the SIGTERMed rank 0 beside rank 1)."""
 from __future__ import annotations
 
 import io
+import subprocess
+import sys
 
 import pytest
 from procs import run_session
@@ -841,3 +843,41 @@ def test_a_garbled_stop_note_in_a_spool_header_is_no_note():
     assert Death(stop_signal=15, stop_ns=(1 << 63) - 1).stop_fields() == {}
     assert Death(stop_signal=999, stop_ns=5).stop_fields() == {}
     assert Death(stop_signal=15, stop_ns=5).stop_fields() == {"stop_signal": "Terminated", "stop_ts": 5}
+
+
+_SIGNAL_DURING_IMPORT = r"""
+import importlib.abc, importlib.machinery, os, signal, subprocess, sys
+from commscope.commands import run
+
+class SignalOnImport(importlib.abc.MetaPathFinder):
+    # (a second SIGTERM that lands while psutil is being imported, as it did under ``timeout``)
+    def find_spec(self, name, path, target=None):
+        if name != "psutil":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        real = spec.loader.exec_module
+        def exec_module(module):
+            os.kill(os.getpid(), signal.SIGTERM)
+            real(module)
+        spec.loader.exec_module = exec_module
+        return spec
+
+proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+stop = run._Stop(proc)
+sys.meta_path.insert(0, SignalOnImport())
+signal.signal(signal.SIGTERM, stop.request)
+os.kill(os.getpid(), signal.SIGTERM)
+proc.wait(60)
+print("asked", stop.asked is not None, "terminated", stop.terminated, flush=True)
+"""
+
+
+def test_a_second_stop_request_during_the_first_never_breaks_the_launcher():
+    """``timeout`` (or a user) sends SIGTERM twice in a moment: the second landed while the
+    first's handler imported psutil, which it found half made (AttributeError), and
+    ``commscope run`` died with exit 3, its job left running (helper-183).  psutil is
+    imported before any request can come; both requests are taken (the second: now)."""
+    got = subprocess.run([sys.executable, "-c", _SIGNAL_DURING_IMPORT], capture_output=True, text=True, timeout=120)
+    assert got.returncode == 0, got.stderr
+    assert "asked True terminated" in got.stdout, got.stdout

@@ -480,3 +480,14 @@ def test_run_names_the_newest_attempt_of_its_job_to_check():
     assert _made("x", {"x", "x-a1", "x-a2", "x-a10", "y", "x-ab"}) == "x-a10"
     assert _made("x", {"x"}) == "x" and _made("x", {"y"}) is None
     assert _made(None, {"y"}) == "y" and _made(None, {"y", "z"}) is None and _made(None, set()) is None
+
+
+def test_run_on_a_redis_store_names_its_job_where_one_is_given(tmp_path):
+    """A server's jobs are not listed: ``run --job jobA`` on Redis said "watch it with" and
+    "diagnose with" the bare URL, which opens the newest job there (another launch's:
+    helper-183).  Both lines name jobA.  (No server answers on port 1: the lines are
+    printed all the same.)"""
+    p = commscope("run", "--store", "redis://127.0.0.1:1/0", "--job", "jobA", "--", sys.executable, "-c", "pass",
+                  cwd=tmp_path)
+    assert "watch it with:  commscope attach redis://127.0.0.1:1/0?job=jobA\n" in p.stderr, p.stderr[-2000:]
+    assert "diagnose with:  commscope check redis://127.0.0.1:1/0?job=jobA\n" in p.stderr, p.stderr[-2000:]

@@ -197,8 +197,11 @@ def main(args: argparse.Namespace) -> int:
     store = backend_for(store).absolute(store)  # (with its credentials: this process's environment has them not)
     shown = redact_store(store)
     before = _jobs(store)
+    # (a server's jobs are not listed: its job is --job's where one is given; the bare URL
+    # opened the newest job there, another launch's: helper-183)
+    named = redact_store(backend_for(store).with_job(store, args.job)) if args.job and before is None else shown
     print(f"commscope: recording to {shown}{_kept(env) if backend_for(store).local else ''}", file=sys.stderr)
-    print(f"commscope: watch it with:  commscope attach {shown}", file=sys.stderr)
+    print(f"commscope: watch it with:  commscope attach {named}", file=sys.stderr)
     _adopt_orphans()
     try:
         proc = subprocess.Popen(command, env=env)
@@ -226,7 +229,7 @@ def main(args: argparse.Namespace) -> int:
               "init_process_group", file=sys.stderr)
     else:
         made = _made(args.job, _own(store, (_jobs(store) or set()) - (before or set()), env[spool.ENV_LAUNCH]))
-        job_shown = redact_store(backend_for(store).with_job(store, made)) if made else shown
+        job_shown = redact_store(backend_for(store).with_job(store, made)) if made else named
         print(f"commscope: done (exit code {code}); diagnose with:  commscope check {job_shown}", file=sys.stderr)
     return code if code >= 0 else 128 - code
 
@@ -289,6 +292,9 @@ class _Stop:
     orphaned, writing to the store)."""
 
     def __init__(self, proc: subprocess.Popen):
+        import psutil  # noqa: F401  (here, before any signal: a second SIGTERM while the first's
+        # handler imported it found it half made, and the run died, its job left running: helper-183)
+
         self.proc = proc
         self.asked: float | None = None
         self.terminated = False
