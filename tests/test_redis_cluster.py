@@ -516,7 +516,7 @@ def test_a_tail_its_master_lost_after_the_writer_closed_is_counted_as_lost_by_re
         reader = open_reader(f"redis://127.0.0.1:{replica.port}/0")
         assert ids(reader.read_all()) == [(0, i) for i in range(1, 11)]
         assert reader.missing == {0: 5} and reader.stats.missing_by_rank == {0: 5}  # exactly what it never got
-        assert any("last 5 events (#11-#15) were lost by Redis" in m for m in reader.stats.warnings)
+        assert any("last 5 stream entries (#11-#15) were lost by Redis" in m for m in reader.stats.warnings)
         assert reader.read_all() == [] and reader.missing == {0: 5}  # counted once
         live._tail_look = 0.0  # (it looks at the ends every TAIL_LOOK_S: now)
         while live.poll() or live._down:  # (until it has reconnected: the failover closed its connections)

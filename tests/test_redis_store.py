@@ -804,7 +804,7 @@ def test_server_down_at_open_and_back_later(tmp_path):
         # the gap is reported, not hidden, with its true cause: the writer found it on reconnecting
         assert [e["entries"] for e in got if e["type"] == "dropped"] == [49]
         assert reader.missing == {0: 49} and not reader.stats.trimmed
-        assert any("49 events (#1-#49) were lost by Redis" in m for m in reader.stats.warnings)
+        assert any("49 stream entries (#1-#49) were lost by Redis" in m for m in reader.stats.warnings)
         server.stop()
         with pytest.raises(StoreError, match="cannot (read|connect)"):  # a partial read must not pass
             reader.read_all()

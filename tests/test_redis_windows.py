@@ -323,7 +323,7 @@ def test_a_window_after_maxlen_trimmed_history_before_its_mark_counts_the_trimme
                for m in warnings), warnings
     gone = [m for m in warnings if f"{first - 1:,} older event(s) before the window" in m]
     assert gone and "trimmed" in gone[0] and "drop --since" not in gone[0].replace("dropping --since does not", "")
-    assert any(f"rank 0: the oldest {first - 1} events before the window were trimmed by maxlen=100" in m
+    assert any(f"rank 0: the oldest {first - 1} stream entries before the window were trimmed by maxlen=100" in m
                for m in warnings), warnings
     # the console's history pane (H) says the same, each part apart
     from rich.console import Console

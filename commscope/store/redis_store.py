@@ -1070,7 +1070,7 @@ class RedisReader(TraceReader):
                 self.stats.trimmed = True
                 maxlen = (self.job() or {}).get("maxlen")
                 cause = f"were trimmed by maxlen={maxlen}" if maxlen else "are no longer in Redis (trimmed, or lost)"
-                self.stats.warnings.append(f"rank {stream[0]}: the oldest {gone} events before the window {cause}: "
+                self.stats.warnings.append(f"rank {stream[0]}: the oldest {gone} stream entries before the window {cause}: "
                                            "gone, not skipped by --since")
             else:
                 self.stats.count_skipped(stream[0], mark.bytes)
@@ -1507,7 +1507,7 @@ class RedisReader(TraceReader):
                 self.missing[rank] = self.missing.get(rank, 0) + n
                 self.stats.count_missing(rank, n)
                 self.stats.warnings.append(
-                    f"rank {rank}: its last {n} events (#{last + 1}-#{stored}) were lost by Redis (its writer had "
+                    f"rank {rank}: its last {n} stream entries (#{last + 1}-#{stored}) were lost by Redis (its writer had "
                     f"stored {stored} when it closed; the stream holds {last}: its master failed over before its "
                     "replica had them, or restarted without persistence)")
 
@@ -1586,19 +1586,20 @@ class RedisReader(TraceReader):
         self.stats.count_missing(rank, n)
         maxlen = (self.job() or {}).get("maxlen")
         if reset:
-            self.stats.warnings.append(f"rank {rank}: {n} events (#{last + 1}-#{k - 1}) were lost by Redis "
-                                       "(gone when the rank reconnected: a restart without persistence, or a flush)")
+            self.stats.warnings.append(f"rank {rank}: {n} stream entries (#{last + 1}-#{k - 1}) were lost by Redis "
+                                       "(gone when the rank reconnected: a restart without persistence, a failover "
+                                       "before the replica had them, or a flush)")
         elif last == 0:
             self.stats.trimmed = True
             cause = "trimmed by maxlen" if maxlen else "no longer in Redis (trimmed, or lost by a restart)"
-            self.stats.warnings.append(f"rank {rank}: the oldest {n} events are {cause}; the trace starts at "
-                                       f"event #{k}")
+            self.stats.warnings.append(f"rank {rank}: the oldest {n} stream entries are {cause}; the trace starts "
+                                       f"at entry #{k}")
         elif maxlen:
             self.stats.trimmed = True
-            self.stats.warnings.append(f"rank {rank}: {n} events (#{last + 1}-#{k - 1}) were trimmed by "
+            self.stats.warnings.append(f"rank {rank}: {n} stream entries (#{last + 1}-#{k - 1}) were trimmed by "
                                        f"maxlen={maxlen} before they were read")
         else:
-            self.stats.warnings.append(f"rank {rank}: {n} events (#{last + 1}-#{k - 1}) are missing from the "
+            self.stats.warnings.append(f"rank {rank}: {n} stream entries (#{last + 1}-#{k - 1}) are missing from the "
                                        "stream (lost by Redis, e.g. a restart without persistence)")
 
     def close(self) -> None:
