@@ -44,7 +44,8 @@ def test_bench_scale_finds_the_fault_it_injects(store, fault, device, writers):
     else:
         assert re.search(r"fault -> finding: \d+\.\d s", out), out  # found, naming the culprit
     assert "other findings" not in out, out  # and nothing else: no victim blamed
-    assert re.search(r"met at this run's scale \(its measured figures, not the EXTRAPOLATED ones\): (yes|NO)\n", out), out
+    assert re.search(r"met at this run's scale \(its measured figures, not the EXTRAPOLATED ones\): (yes|NO \([^)]+\))\n",
+                     out), out
     if fault in ("host-lost", "straggler-host"):  # the host's eight ranks in one finding (the culprit set)
         assert re.search(rf"fault '{fault}' at \d+ s on rank 35's host \(ranks 32-39\)", out), out
     # a hang: every rank in it captured its stack at hang_after, and the finding shows the ones
@@ -488,3 +489,31 @@ def test_the_clients_of_a_real_job_are_said_with_its_keepers_connects_past_the_h
     three = " ".join(capsys.readouterr().out.split())
     assert "12,288 clients over the nodes, a writer a rank; its keepers connect for each pass (the busiest node's " \
            "4,500 ranks'" in three, three
+
+
+_VICTIM_BLAMED = """
+import sys
+from commscope.analysis import Finding
+from commscope.tui import feed
+
+step = feed.Feed.step
+def blaming(self):  # (a finding that names rank 0, a victim, beside the right one)
+    got = step(self)
+    if any(f.kind == "missing_ranks" for f in self.findings) and not any(f.culprits == [0] for f in self.findings):
+        self.findings = [*self.findings, Finding("missing_ranks", "0", 1, "all_reduce", [0], [0], "blames rank 0", {})]
+    return got
+feed.Feed.step = blaming
+from commscope.cli import main
+sys.exit(main(["bench", "scale", "--quick", "--fault", "missing"]))
+"""
+
+
+def test_bench_scale_that_blames_a_victim_says_no_and_fails():
+    """A victim blamed is a wrong diagnosis, whatever the figures: the verdict said "met:
+    yes" and the run exited 0 (helper-181).  It says which target it missed, and exits 1."""
+    done = subprocess.run([sys.executable, "-c", _VICTIM_BLAMED], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "COLUMNS": "200"})
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "other findings (WRONG: a victim blamed): missing_ranks 0" in done.stdout, done.stdout[-3000:]
+    assert re.search(r"met at this run's scale \(its measured figures, not the EXTRAPOLATED ones\): NO \([^)]*"
+                     r"no victim blamed\)\n", done.stdout), done.stdout[-3000:]
