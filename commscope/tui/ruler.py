@@ -9,13 +9,22 @@ from textual.widget import Widget
 
 from commscope.tui.painter import GUTTER
 
-_STEPS = [k * 10**e for e in range(2, 13) for k in (1, 2, 5)]
+_MIN, _HOUR, _DAY = 60 * 10**9, 3600 * 10**9, 86400 * 10**9
+#: Tick spacings (ns): 1-2-5 steps up to 1,000 s, then minutes, hours and days (a replay of
+#: days: past 5,000 s a cell, every step was closer than a label, and labels cut each other
+#: into wrong numbers: "+10" for +10000 s, helper-181)
+_STEPS = [k * 10**e for e in range(2, 12) for k in (1, 2, 5)] + [10**12, 30 * _MIN] + \
+    [h * _HOUR for h in (1, 2, 6, 12)] + [d * _DAY for d in (1, 2, 7, 30, 90, 365)]
 
 
 def _tick(offset: int, step: int) -> str:
-    """A tick label with just the precision the tick spacing needs: +1.5s, +250ms, +40µs."""
+    """A tick label with just the precision the tick spacing needs: +1.5s, +250ms, +40µs,
+    +30min, +6h, +2d."""
     sign = "+" if offset >= 0 else "-"
     x = abs(offset)
+    for unit, size in (("d", _DAY), ("h", _HOUR), ("min", _MIN)):
+        if step >= 30 * _MIN and step % size == 0:
+            return f"{sign}{x / size:.0f}{unit}" if x % size == 0 else f"{sign}{x / size:.1f}{unit}"
     if step >= 10**9:
         return f"{sign}{x / 1e9:.0f}s" if x % 10**9 == 0 else f"{sign}{x / 1e9:.1f}s"
     if step >= 10**8:
@@ -38,21 +47,26 @@ class Ruler(Widget):
         tl = self.timeline
         if not tl.ensure_placed():  # the ruler may paint before the rows: never label an unplaced view
             return Text("")
-        width = self.size.width
-        w = max(1, width - GUTTER)
+        w = max(1, self.size.width - GUTTER)
         origin = tl.own_span()[0] or tl.t0  # (the job's start: a foreign stream's may be a day before)
-        step = next((s for s in _STEPS if s >= tl.npc * 14), _STEPS[-1])
-        line = [" "] * w
-        first = -(-(tl.t0 - origin) // step) * step + origin
-        t = first
-        while t < tl.t0 + w * tl.npc:
-            c = int((t - tl.t0) // tl.npc)
-            label = "┆" + _tick(t - origin, step)
-            for k, ch in enumerate(label):
-                if 0 <= c + k < w:
-                    line[c + k] = ch
-            t += step
         head = ("follow " if tl.follow and tl.cursor_ns is None else "").ljust(GUTTER)
         text = Text(head[:GUTTER], style="bold #4f8fd6")
-        text.append("".join(line), style="grey62")
+        text.append(axis(tl.t0, tl.npc, origin, w), style="grey62")
         return text
+
+
+def axis(t0: int, npc: float, origin: int, width: int) -> str:
+    """``width`` cells from ``t0``, ``npc`` ns a cell: a tick at each round step (at least 14
+    cells apart), labelled by its time from ``origin``."""
+    step = next((s for s in _STEPS if s >= npc * 14), _STEPS[-1])
+    line = [" "] * width
+    t = -(-(t0 - origin) // step) * step + origin
+    free = 0  # (the first cell a label may take: one never overwrites the one before it)
+    while t < t0 + width * npc:
+        c = int((t - t0) // npc)
+        label = "┆" + _tick(t - origin, step)
+        if c >= free and c + len(label) <= width:  # (nor is cut at the edge: "+390" for +390d)
+            line[c:c + len(label)] = label
+            free = c + len(label) + 1
+        t += step
+    return "".join(line)
