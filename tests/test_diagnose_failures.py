@@ -1358,32 +1358,51 @@ def test_one_rank_per_group_calling_the_worlds_collective_is_one_error_naming_th
     assert f[0].message.startswith(f"ranks {', '.join(map(str, sorted(odd)))} are each in another group's collective")
 
 
-@pytest.mark.parametrize("crashed", [False, True])
+@pytest.mark.parametrize("crashing", ["none", "first", "all"])
 @pytest.mark.parametrize("world", [2, 3])
-def test_a_p2p_deadlock_ended_by_timeouts_is_one_p2p_deadlock(world, crashed):
+def test_a_p2p_deadlock_ended_by_timeouts_is_one_p2p_deadlock(world, crashing):
     """Each rank's recv from the next waits for a send that rank never posts (it waits in
     its own recv), until Gloo's timeout ends every wait and the ranks exit (the exception
-    caught) or crash of it.  Live, one p2p_deadlock; after, each recv's op_failed was blamed
-    on the next rank, an error each, naming every rank a victim of another; crashed, their
-    crash together was the root and the deadlock its consequence (helper-182).  One
-    p2p_deadlock of them all, its cycle the failed recvs, the failures (and crashes) its
-    consequences."""
+    caught) or crash of it (all of them, or the first alone).  Live, one p2p_deadlock; after,
+    each recv's op_failed was blamed on the next rank, an error each, naming every rank a
+    victim of another; crashed, their crash together was the root and the deadlock its
+    consequence, and where one rank crashed the walk blamed a rank that never did
+    (helper-182, helper-185).  One p2p_deadlock of them all, its cycle the failed recvs,
+    the failures and crashes its consequences."""
     b = TraceBuilder(world)
     t = b.warmup()
     ids = {r: b.begin(r, t + r * MS, "recv", peer=(r + 1) % world, dir="recv") for r in range(world)}
     b.heartbeats(b.t0, t + 10 * S)
+    crashed = {"none": [], "first": [0], "all": list(range(world))}[crashing]
     for r in range(world):
         b.end(r, ids[r], t + 10 * S + r * MS, exc=TIMED_OUT)
-        if crashed:
+        if r in crashed:
             b.exit(r, t + 10 * S + 5 * MS, reason="exception", exc=TIMED_OUT)
         else:
             b.exit(r, t + 10 * S + 5 * MS, code=2)
     _, f = replay(b, set(range(world)), hang_after=3.0)
     assert errors(f) == [("p2p_deadlock", list(range(world)))], [x.to_json()["message"] for x in f]
     assert sorted(c["kind"] for c in f[0].evidence["consequences"]) == \
-        ["op_failed"] * world + (["rank_crashed"] * world if crashed else [])
+        ["op_failed"] * world + ["rank_crashed"] * len(crashed)
     assert [s["rank"] for s in f[0].evidence["cycle"]] == ([0, 1] if world == 2 else [0, 1, 2])
     assert "; the backend's timeout ended each wait. Then: recv #1 failed on rank 0" in f[0].message
+
+
+def test_a_crash_of_something_else_after_a_timed_out_deadlock_stands_apart():
+    """Ranks 0 and 1 deadlock and time out; rank 0 crashes of it, rank 1 catches it and
+    crashes a minute later of something else: the deadlock, and rank 1's crash on its own
+    (helper-185: it was folded into the deadlock, and the deadlock named rank 0 alone)."""
+    b = TraceBuilder(2)
+    t = b.warmup()
+    ids = {r: b.begin(r, t + r * MS, "recv", peer=1 - r, dir="recv") for r in range(2)}
+    b.heartbeats(b.t0, t + 70 * S)
+    for r in range(2):
+        b.end(r, ids[r], t + 10 * S + r * MS, exc=TIMED_OUT)
+    b.exit(0, t + 10 * S + 5 * MS, reason="exception", exc=TIMED_OUT)
+    b.exit(1, t + 70 * S, reason="exception", exc="ValueError: checkpoint dir /ckpt/step_100 not writable")
+    _, f = replay(b, {0, 1}, hang_after=3.0)
+    assert errors(f) == [("p2p_deadlock", [0, 1]), ("rank_crashed", [1])], [x.to_json()["message"] for x in f]
+    assert "ValueError" in f[1].message
 
 
 def test_p2p_timeouts_that_did_not_wait_at_once_are_no_deadlock():
@@ -1442,6 +1461,24 @@ def test_a_failure_blamed_on_ranks_of_a_p2p_deadlock_is_its_consequence():
     assert errors(f) == [("p2p_deadlock", [0, 1])], [x.to_json()["message"] for x in f]
     assert sorted(c["kind"] for c in f[0].evidence["consequences"]) == ["op_failed"] * 3
     assert any(c["group"] == "0" and c["op"] == "all_reduce" for c in f[0].evidence["consequences"])
+
+
+def test_a_failure_that_fired_before_a_deadlock_began_is_not_its_consequence():
+    """Rank 2's all_reduce timed out on ranks 0 and 1, busy elsewhere; only later did they
+    deadlock in recvs from each other: two errors (helper-185: the failure was folded into
+    the deadlock that came after it)."""
+    b = TraceBuilder(3)
+    t = b.warmup()
+    i = b.begin(2, t, "all_reduce")
+    b.end(2, i, t + 10 * S, exc="RuntimeError: [../pair.cc:598] Timed out waiting 10000ms for recv operation to "
+                                "complete")
+    ids = {r: b.begin(r, t + 20 * S, "recv", peer=1 - r, dir="recv") for r in (0, 1)}
+    b.heartbeats(b.t0, t + 30 * S)
+    for r in (0, 1):
+        b.end(r, ids[r], t + 30 * S + (r + 1) * MS, exc=TIMED_OUT)
+    _, f = replay(b, {0, 1}, hang_after=3.0)
+    assert sorted(errors(f)) == [("op_failed", [0, 1]), ("p2p_deadlock", [0, 1])], [x.to_json()["message"] for x in f]
+
 
 
 def test_a_wrong_group_call_per_group_beside_an_idle_rank_names_each_apart():

@@ -20,7 +20,7 @@ rules, applied to one snapshot of the model (so they hold at every moment of a l
    the root, one finding naming all their absentees, the others its consequences
    (``_crossed``).  A cycle of send/recv timeouts, each blamed on the next
    rank, is the p2p deadlock they ended (``_timed_out``), and the crashes of those timeouts
-   its consequences (``_crashed_in_deadlock``).  A finding whose culprits lead elsewhere is a consequence of
+   its consequences.  A finding whose culprits lead elsewhere is a consequence of
    the finding that names the ranks they lead to; but an ``op_failed`` that raised on its rank itself (refused as
    it was called, a peer the job does not have) is its rank's own doing, whatever that
    rank waits on later.  A victim whose blame is not known yet makes its finding a
@@ -190,7 +190,7 @@ def resolve(model: TraceModel, findings: list[Finding], now: int,
     for k, m in mism.items():  # (and the ranks it holds, stuck in it or failed there: helper-182)
         for r in _held_in(model, k):
             died_in.setdefault(r, m)
-    errors = _timed_out(_crossed(keep))
+    errors = _timed_out(model, _crossed(keep))
     _either(errors)
     # (who each rank blocked in a send or recv waits on, as first found: rule 2 may fold its
     # finding into another's, and ``_p2p_cycle`` follows chains of them)
@@ -221,7 +221,6 @@ def resolve(model: TraceModel, findings: list[Finding], now: int,
         else:
             consequences.append((f, r))
     roots.sort(key=lambda f: (_RANK.get(f.kind, 99), f.ts))
-    roots = _crashed_in_deadlock(roots)
     roots, held = _crashed_of_failures(model, roots, {f.culprits[0] for f in errors if f.kind in DEPARTED})
     rooted = {id(f) for f in roots}
     died_in = {r: t for r, t in died_in.items() if id(t) in rooted}  # (a mismatch folded elsewhere: not)
@@ -369,8 +368,11 @@ def resolve(model: TraceModel, findings: list[Finding], now: int,
                 unmatched.setdefault(frozenset(f.culprits), target)  # (what the send explains, it does)
         elif f.kind == "op_failed" and f.evidence.get("blame", {}).get("reason") != "local":
             # (a failure blamed on ranks held in a p2p deadlock, each other's: the deadlock's;
-            # it stood beside it, helper-182: rank 2's all_reduce timed out on ranks 0 and 1)
+            # it stood beside it, helper-182: rank 2's all_reduce timed out on ranks 0 and 1;
+            # not one that fired before they were in it, helper-185)
             target = deadlock_of(f.culprits)
+            if target is not None and _fired(f) < target.ts:
+                target = None
         if target is not None and target is not f:
             _absorb(target, f)
         else:
@@ -479,13 +481,17 @@ def _crossed(errors: list[Finding]) -> list[Finding]:
     return [f for f in errors if id(f) not in folded] if folded else errors
 
 
-def _timed_out(errors: list[Finding]) -> list[Finding]:
+def _timed_out(model: TraceModel, errors: list[Finding]) -> list[Finding]:
     """A p2p deadlock the backend's timeouts ended (each rank's recv from the next timed out):
     each failed op is blamed on its peer, whose own failed op is blamed on the next, back to
     the first, waits that overlapped.  The cycle stops rule 2's walk, and each stood as an
     error naming the next rank (helper-182: live, one p2p_deadlock; after, an op_failed per
     rank).  They are one ``p2p_deadlock`` of those ranks (``p2p.timed_out``), the failures its
-    consequences, found before the walk."""
+    consequences, found before the walk; so are the crashes of those failures (``_crashed_of``:
+    the ranks whose exception was not caught; their crash together was the root, and the
+    deadlock its consequence; where some ranks crashed, a crash names the next rank it waited
+    on, and the walk blamed a rank that never crashed: helper-185), but not a crash of
+    something else later."""
     outs: dict[int, Finding] = {}  # a failed rank -> its p2p timeout
     for f in errors:
         failed = f.evidence.get("failed") if _p2p_timeout(f) else None
@@ -510,35 +516,27 @@ def _timed_out(errors: list[Finding]) -> list[Finding]:
             r = outs[r].culprits[0]
         cycle = seen[seen.index(r):]
         d = timed_out([briefs[c] for c in cycle], sorted(part))
-        _absorb(d, *fs)
-        folded |= {id(f) for f in fs}
+        ops = {k for f in fs for k in f.instances[:1]}
+        crashed = []
+        for f in errors:
+            if f.kind == "rank_crashed" and f.culprits[0] in part and f.instances[:1] and f.instances[0] in ops:
+                if _crashed_of(model, f):
+                    crashed.append(f)
+                else:  # (a crash of something else after its wait ended: it waits on nobody, its own)
+                    f.victims.pop(f.culprits[0], None)
+        _absorb(d, *fs, *crashed)
+        folded |= {id(f) for f in (*fs, *crashed)}
         made.append(d)
     return [f for f in errors if id(f) not in folded] + made if made else errors
 
 
-def _crashed_in_deadlock(roots: list[Finding]) -> list[Finding]:
-    """Ranks that crashed of the timeouts that ended a p2p deadlock (``_timed_out``; the
-    exception not caught) crashed of it: each crash in one of its failed ops is its
-    consequence.  Before, their crash together was the root and the deadlock its
-    consequence (helper-182: "ranks 0, 1, 2 crashed together ... Then: p2p_deadlock")."""
-    ended: dict[tuple, Finding] = {}
-    for t in roots:
-        cycle = t.evidence.get("cycle") if t.kind == "p2p_deadlock" else None
-        if cycle and all(isinstance(s, dict) and s.get("state") == "failed" for s in cycle):
-            for k in t.instances:
-                ended.setdefault(k, t)
-    if not ended:
-        return roots
-    into: dict[int, tuple[Finding, list[Finding]]] = {}
-    for f in roots:
-        if f.kind == "rank_crashed":
-            t = next((ended[k] for k in f.instances if k in ended), None)
-            if t is not None and f.culprits[0] in t.culprits:
-                into.setdefault(id(t), (t, []))[1].append(f)
-    for t, crashed in into.values():
-        _absorb(t, *crashed)
-    gone = {id(f) for _, crashed in into.values() for f in crashed}
-    return [f for f in roots if id(f) not in gone]
+def _fired(f: Finding) -> int:
+    """When a failure fired: the first of its ranks' ops to fail (its own time where its
+    evidence does not say)."""
+    failed = f.evidence.get("failed")
+    times = [int(b["failed_ns"]) for b in failed.values() if isinstance(b, dict) and "failed_ns" in b] \
+        if isinstance(failed, dict) else []
+    return min(times) if times else f.ts
 
 
 def _either(findings: list[Finding]) -> None:
