@@ -123,7 +123,7 @@ def build_env(args: argparse.Namespace, base: dict[str, str] | None = None, nati
 def _refuse_unwritable(store: str) -> None:
     """A directory store no rank could create (a file in its place, or above it; a directory
     not ours to write) is said now, not after the job ran unrecorded ("nothing was recorded:
-    no process of the command called init_process_group")."""
+    no process of the command got through init_process_group")."""
     if not backend_for(store).local:
         return
     path = os.path.abspath(store)
@@ -225,8 +225,10 @@ def main(args: argparse.Namespace) -> int:
     if left and before is not None and _jobs(store) == before:
         print(f"commscope: done (exit code {code}); nothing of this run is in the store", file=sys.stderr)
     elif before is not None and _jobs(store) == before:
-        print(f"commscope: done (exit code {code}); nothing was recorded: no process of the command called "
-              "init_process_group", file=sys.stderr)
+        # (one rank that died before init_process_group leaves the others waiting there, never
+        # through it: "no process called it" was untrue of them, helper-182)
+        print(f"commscope: done (exit code {code}); nothing was recorded: no process of the command got "
+              "through init_process_group (none called it, or not all its ranks came to it)", file=sys.stderr)
     else:
         made = _made(args.job, _own(store, (_jobs(store) or set()) - (before or set()), env[spool.ENV_LAUNCH]))
         job_shown = redact_store(backend_for(store).with_job(store, made)) if made else named
