@@ -425,8 +425,9 @@ def _crossed(errors: list[Finding]) -> list[Finding]:
     others are its consequences, folded before the walk, so what else waits on rank 1 is led
     through its wait to rank 0 (helper-180: a recv from rank 1 still named it).  Every
     culprit of a consequence waits in a root, or is another hang's outside the cycle (an idle
-    rank its own group's hang names; the root may name such an absentee besides).  Where every hang of a cycle stands as well as the others (two ranks that
-    called two groups' collectives in opposite orders), all stand.  Before, the hang more
+    rank its own group's hang names; the root may name such an absentee besides).  Where
+    every hang of a cycle stands as well as the others (two ranks that called two groups'
+    collectives in opposite orders), all stand.  Before, the hang more
     ranks waited in was the root: the world's, whose four waiters outnumbered each group's
     three, named the twelve ranks that did right (a rank per 4-rank group of 16)."""
     hangs = [f for f in errors if f.kind == "missing_ranks" and f.culprits]
@@ -501,6 +502,10 @@ def _timed_out(model: TraceModel, errors: list[Finding]) -> list[Finding]:
                 outs.setdefault(int(r), f)
     if len(outs) < 2:
         return errors
+    crashes: dict[int, list[Finding]] = {}  # a rank -> its crashes (looked up by rank: 8k deadlocked pairs)
+    for f in errors:
+        if f.kind == "rank_crashed" and f.culprits:
+            crashes.setdefault(f.culprits[0], []).append(f)
     folded: set[int] = set()
     made: list[Finding] = []
     for part in strongly_connected(sorted(outs), lambda r: [c for c in outs[r].culprits if c in outs]):
@@ -518,8 +523,8 @@ def _timed_out(model: TraceModel, errors: list[Finding]) -> list[Finding]:
         d = timed_out([briefs[c] for c in cycle], sorted(part))
         ops = {k for f in fs for k in f.instances[:1]}
         crashed = []
-        for f in errors:
-            if f.kind == "rank_crashed" and f.culprits[0] in part and f.instances[:1] and f.instances[0] in ops:
+        for f in (f for r in sorted(part) for f in crashes.get(r, ())):
+            if f.instances[:1] and f.instances[0] in ops:
                 if _crashed_of(model, f):
                     crashed.append(f)
                 else:  # (a crash of something else after its wait ended: it waits on nobody, its own)
