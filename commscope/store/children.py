@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, BinaryIO
 
 if TYPE_CHECKING:
@@ -57,6 +58,29 @@ def ended(line: bytes) -> Stream | None:
     return stream if line.rstrip(b"\n") == end_line(stream).rstrip(b"\n") else None
 
 
+#: A keeper whose writers all closed waits this long for the process's next one (s)
+LINGER_S = 5.0
+
+
+class Idle:
+    """When a keeper's last followed stream was ended (``end_line``), and whether it has
+    waited ``LINGER_S`` since with none named: then it ends (``Keeper.done``)."""
+
+    def __init__(self, now: Callable[[], float] = time.monotonic) -> None:
+        self.now = now
+        self.since: float | None = None
+
+    def note(self, following: int, ended: bool) -> None:
+        """After a batch of commands: ``following`` streams followed, ``ended``: one was ended."""
+        if following:
+            self.since = None
+        elif ended and self.since is None:
+            self.since = self.now()
+
+    def over(self) -> bool:
+        return self.since is not None and self.now() - self.since >= LINGER_S
+
+
 class Commands:
     """A keeper's end of its writers' pipe (``Keeper``): the command lines they send."""
 
@@ -90,8 +114,6 @@ class Keeper:
     _of_lock = threading.Lock()
     #: A keeper that died is started again at most this often (s)
     RESPAWN_S = 30.0
-    #: A keeper whose writers all closed waits this long for the process's next one (s)
-    LINGER_S = 5.0
 
     def __init__(self, module: str, args: tuple[str, ...], preamble: bytes = b"") -> None:
         self.module = module
@@ -102,7 +124,6 @@ class Keeper:
         #: each followed stream's newest command line: a keeper started again is told them
         #: all; the child ends when the last stream is done
         self._streams: dict[Stream, bytes] = {}
-        self._idle = 0  # (how many times every writer was done: a later ``_end`` of an earlier one does nothing)
         self._lock = threading.Lock()  # (the class's guards ``_of``: a spawn here holds up no other store's writers)
 
     @classmethod
@@ -165,11 +186,14 @@ class Keeper:
         return t.user + t.system
 
     def done(self, stream: Stream) -> None:
-        """``stream``'s writer closed: the child stops following it (``end_line``).  The last
-        one done leaves the child ``LINGER_S`` for the process's next writer before its
-        commands end (which ends it): a process writing stream after stream (``commscope
-        copy``, a synthetic store) starts one child, not one a stream (256 ranks written
-        one after another started 256, ~0.2 s of CPU each: 35 s to write against 5.3 s now)."""
+        """``stream``'s writer closed: the child stops following it (``end_line``).  A child
+        whose streams all ended so waits ``LINGER_S`` for the process's next writer, then ends
+        by itself (``Idle``): a process writing stream after stream (``commscope copy``, a
+        synthetic store) starts one child, not one a stream (256 ranks written one after
+        another started 256, ~0.2 s of CPU each: 35 s to write against 5.3 s now).  No thread
+        waits for it here (a thread a closed writer, living 5 s, made the readers' workers
+        start afresh rather than forked: ``bulkread.start_method``); it is reaped when the
+        next writer asks, or with the process."""
         with self._lock:
             self._streams.pop(stream, None)
             child = self._child
@@ -178,25 +202,8 @@ class Keeper:
             if child.stdin is not None and child.poll() is None:
                 with contextlib.suppress(OSError):  # (a line well under PIPE_BUF: whole or not at all)
                     os.write(child.stdin.fileno(), end_line(stream))
-            if self._streams:
-                return
-            self._idle += 1
-            timer = threading.Timer(self.LINGER_S, self._end, (self._idle,))
-        timer.name = "commscope-keeper-reaper"
-        timer.daemon = True
-        timer.start()
-
-    def _end(self, idle: int) -> None:
-        """End the child where no writer followed a stream since ``done`` made it idle."""
-        with self._lock:
-            if self._streams or idle != self._idle or self._child is None:
-                return
-            child, self._child = self._child, None
-            self._started = -1e18
-        if child.stdin is not None:
-            with contextlib.suppress(OSError):
-                child.stdin.close()
-        child.wait()  # (no zombie)
+            if not self._streams:
+                self._started = -1e18  # (the next writer starts one at once where this one ended idle)
 
     def _running(self) -> tuple[subprocess.Popen | None, bool]:
         """The child, and whether it was started just now."""

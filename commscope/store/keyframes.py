@@ -361,14 +361,16 @@ def keep(directory: Path, commands: BinaryIO, every_s: float = EVERY_S,
     each every half ``every_s``, until ``commands`` ends (every writer of the process gone)."""
     followed: dict[Stream, _Followed] = {}
     sent = children.Commands(commands)
+    idle = children.Idle(now)
     while True:
         lines = sent.wait(every_s / 2)
-        if lines is None:
+        if lines is None or not lines and idle.over():  # (a command come meanwhile is taken first)
             return 0
+        ended = False
         for line in lines:
             gone = children.ended(line)
             if gone is not None:  # (its writer closed: the process's next may name another)
-                followed.pop(gone, None)
+                ended = followed.pop(gone, None) is not None or ended
                 continue
             named = _named(line)
             if named is None:
@@ -381,6 +383,7 @@ def keep(directory: Path, commands: BinaryIO, every_s: float = EVERY_S,
             if old is not None and old.number == number - 1 and step(old, directory, now(), final=True, every_s=every_s):
                 new.before = old.before  # (its end replayed here: no wait for its closer)
             followed[stream] = new
+        idle.note(len(followed), ended)
         t = now()
         for stream, f in list(followed.items()):
             if not step(f, directory, t, every_s=every_s):

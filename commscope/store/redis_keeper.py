@@ -122,21 +122,24 @@ def keep(url: str, job: str, commands: BinaryIO, every_s: float, known: Sequence
     nodes.know(known)
     followed: dict[Stream, redis_marks.Framed] = {}
     sent = children.Commands(commands)
+    idle = children.Idle(now)
     up = False  # (the slot map read: connections are made as the streams' nodes are asked)
     looked = 0.0  # (when Redis's clients were last asked)
     try:
         while True:
             lines = sent.wait(every_s / 2)
-            if lines is None:
+            if lines is None or not lines and idle.over():  # (a command come meanwhile is taken first)
                 return 0
+            ended = False
             for line in lines:
                 gone = children.ended(line)
                 if gone is not None:  # (its writer closed: the process's next may name another)
-                    followed.pop(gone, None)
+                    ended = followed.pop(gone, None) is not None or ended
                     continue
                 stream = named(line)
                 if stream is not None and stream not in followed:
                     followed[stream] = redis_marks.Framed(job, stream)
+            idle.note(len(followed), ended)
             t = now()
             took = False
             for stream, f in list(followed.items()):
