@@ -1896,3 +1896,45 @@ def test_what_readers_said_before_a_restart_is_kept_and_what_is_read_again_is_sa
     feed._carry_warnings(["reconnected to redis://h:6379"] * 3, ["reconnected to redis://h:6379"])
     assert feed._said_before == ["reconnected to redis://h:6379"] * 2  # (and the new reader's one: 3 in all)
     assert feed._said_before_total == 2
+
+
+def test_an_ended_job_s_header_is_posted_again_once_its_backlog_and_rate_settle(monkeypatch):
+    """The feed posts an ended job again only when something changes; the header kept the
+    "falling behind (21.1 MiB unread)" and the rate of the last post before the job ended,
+    its backlog asked at most every BACKLOG_S (helper-181).  What the header shows (behind,
+    the backlog, whether events come) is among what changes."""
+    import threading
+
+    from commscope.analysis.synth import T0, TraceBuilder
+    from commscope.tui.feed import FeedUpdated
+
+    b = TraceBuilder(2, hang_after=2.0)
+    t = b.warmup()
+    for r in range(2):
+        b.exit(r, t + 10 * MS, reason="destroy_process_group")
+    b.heartbeats(T0, t)
+    end = t + 10 * MS
+    reader = StaticReader(sorted(b.events, key=lambda e: e["ts"]))
+    backlog = [64 << 20]  # (what the reader says it has not read yet: then nothing)
+    monkeypatch.setattr(reader, "backlog_bytes", lambda: backlog[0], raising=False)
+    feed = Feed(reader, clock=lambda: end + 3600 * S, source="x")
+    monkeypatch.setattr(feed, "BACKLOG_S", 0.0)
+    monkeypatch.setattr(feed, "ENDED_POLL_S", 0.0)
+    posted: list = []
+    stop = threading.Event()
+    steps = [0]
+    real = feed.step
+
+    def step():
+        steps[0] += 1
+        if posted and posted[-1].info.ended:
+            backlog[0] = 0  # (read to its end: the next backlog asked says so)
+        if steps[0] > 50:
+            stop.set()
+        return real()
+
+    monkeypatch.setattr(feed, "step", step)
+    feed._follow(lambda m: posted.append(m) if isinstance(m, FeedUpdated) else None, stop)
+    assert any(m.info.ended and m.info.behind for m in posted)  # (as the header said it)
+    assert posted[-1].info.ended and not posted[-1].info.behind and posted[-1].info.behind_bytes == 0
+    assert posted[-1].info.rate == 0

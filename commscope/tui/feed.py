@@ -674,9 +674,13 @@ class Feed:
         while not stop.is_set():
             info, got = self.step()
             mono = time.monotonic()
-            # What the UI shows changed (a new diagnosis among it); a live job also ages
-            # with the clock.  An ended job changes only when something new arrives.
-            now = (info.version, info.ended, info.error, self.diagnoses, self.view.version)
+            # What the UI shows changed (a new diagnosis among it, or what the header says of
+            # the reading: behind, the backlog, whether events come); a live job also ages
+            # with the clock.  An ended job changes only when something new arrives, or its
+            # reading settles (its header kept "falling behind (21.1 MiB unread)" and the rate
+            # of the last post before it ended: helper-181).
+            now = (info.version, info.ended, info.error, self.diagnoses, self.view.version, info.behind,
+                   info.behind_bytes, info.rate > 0)
             if now != last or (not info.ended and mono - last_post >= 0.5):
                 post(FeedUpdated(info, list(self.findings)))
                 last, last_post = now, mono
