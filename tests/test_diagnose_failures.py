@@ -1233,6 +1233,41 @@ def test_a_collective_called_on_the_wrong_group_names_its_rank_not_the_one_it_wa
         assert sorted(errors(f)) == [("missing_ranks", [0]), ("missing_ranks", [1])]
 
 
+@pytest.mark.parametrize("ended", ["crashed", "caught", "both_timed_out"])
+@pytest.mark.parametrize("world", [4, 3])
+def test_a_wrong_group_call_the_backend_s_timeouts_ended_is_one_error(world, ended):
+    """As above, until Gloo's timeouts end the waits: ranks 1-3 time out in the world's
+    all_reduce (rank 0 never came), rank 0's in the pair's then fails as rank 1 leaves (or
+    times out itself), and the ranks crash of it (or catch it and exit).  Live, one
+    missing_ranks on rank 0; after, each failure's blame led to the other's ranks, a cycle
+    the walk stops at: two rank_crashed roots, each the other's consequence, or two
+    op_failed (helper-182: rank 1 skipped one of the pair's all_reduce calls).  One error,
+    the world's failure blamed on rank 0, the pair's and every crash its consequences."""
+    b = TraceBuilder(world)
+    b.group("pair", [0, 1])
+    t = b.warmup()
+    ids = {0: b.begin(0, t, "all_reduce", group="pair")}
+    for r in range(1, world):
+        ids[r] = b.begin(r, t + r * MS, "all_reduce")
+    b.heartbeats(b.t0, t + 12 * S)
+    for r in range(1, world):
+        b.end(r, ids[r], t + 10 * S + r * MS, exc=TIMED_OUT)
+    b.end(0, ids[0], t + 10 * S + (-MS if ended == "both_timed_out" else 10 * MS),
+          exc=TIMED_OUT if ended == "both_timed_out" else CLOSED)
+    for r in range(world):
+        if ended == "caught":
+            b.exit(r, t + 10 * S + 20 * MS + r * MS, code=2)
+        else:
+            b.exit(r, t + 10 * S + 20 * MS + r * MS, reason="exception",
+                   exc=TIMED_OUT if r or ended == "both_timed_out" else CLOSED)
+    _, f = replay(b, {0}, hang_after=3.0)
+    assert errors(f) == [("op_failed", [0])], [x.to_json()["message"] for x in f]
+    assert f[0].group == "0" and not set(f[0].victims) & {0}
+    cons = f[0].evidence["consequences"]
+    assert ("op_failed", "pair") in [(c["kind"], c["group"]) for c in cons]
+    assert sum(c["kind"] == "rank_crashed" for c in cons) == (0 if ended == "caught" else world)
+
+
 @pytest.mark.parametrize("waits", ["recv", "group"])
 def test_what_waits_on_a_rank_held_by_a_wrong_group_call_is_led_to_that_call(waits):
     """Rank 0 calls group {0, 1}'s all_reduce where ranks 1 and 2 call group G's; rank 3

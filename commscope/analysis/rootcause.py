@@ -190,7 +190,7 @@ def resolve(model: TraceModel, findings: list[Finding], now: int,
     for k, m in mism.items():  # (and the ranks it holds, stuck in it or failed there: helper-182)
         for r in _held_in(model, k):
             died_in.setdefault(r, m)
-    errors = _timed_out(model, _crossed(keep))
+    errors = _timed_out(model, _crossed(model, keep))
     _either(errors)
     # (who each rank blocked in a send or recv waits on, as first found: rule 2 may fold its
     # finding into another's, and ``_p2p_cycle`` follows chains of them)
@@ -413,7 +413,7 @@ def _held_in(model: TraceModel, key: tuple) -> list[int]:
     return out
 
 
-def _crossed(errors: list[Finding]) -> list[Finding]:
+def _crossed(model: TraceModel, errors: list[Finding]) -> list[Finding]:
     """Hangs in different groups that wait on each other (a collective called on the wrong
     group: rank 0 called a subgroup's all_reduce where ranks 1 and 2 called the world's; 0
     waits in the subgroup's for 1, which waits in the world's for 0): the cycle stops rule
@@ -429,57 +429,112 @@ def _crossed(errors: list[Finding]) -> list[Finding]:
     every hang of a cycle stands as well as the others (two ranks that called two groups'
     collectives in opposite orders), all stand.  Before, the hang more
     ranks waited in was the root: the world's, whose four waiters outnumbered each group's
-    three, named the twelve ranks that did right (a rank per 4-rank group of 16)."""
-    hangs = [f for f in errors if f.kind == "missing_ranks" and f.culprits]
+    three, named the twelve ranks that did right (a rank per 4-rank group of 16).
+
+    The backend's timeouts end such waits the same way: a collective's failure blamed on
+    ranks absent from it (or gone) is the hang it ended, its ranks those that waited, where
+    the ranks it blames had entered the other's before it fired (``_entered``); an
+    instance's hang and failure (some of its ranks timed out, the rest still wait) are one
+    node of the cycle, and a group's nodes score together; the crashes of a consequence's
+    failure go with it (``_crashed_of``).  Before, each failure's blame led to the other's
+    ranks: two rank_crashed roots, each the other's consequence (helper-182: rank 1 skipped
+    one of a pair's all_reduce calls, and rank 0 was left in it)."""
+    hangs = [f for f in errors if _hang_like(f)]
     if len(hangs) < 2:
         return errors
-    waiting_in: dict[int, list[int]] = {}  # a rank -> the hangs it waits in
-    for k, f in enumerate(hangs):
-        for v in f.victims:
+    at: dict[tuple, int] = {}  # an instance -> its node: its hang and its failure (part timed out, part waits)
+    nodes: list[list[Finding]] = []
+    for f in hangs:
+        k = at.setdefault(f.instances[0], len(nodes))
+        if k == len(nodes):
+            nodes.append([])
+        nodes[k].append(f)
+    victims = [{v for f in fs for v in f.victims} for fs in nodes]
+    culprits = [sorted({c for f in fs for c in f.culprits}) for fs in nodes]
+    group = [fs[0].group for fs in nodes]
+    fired = [None if any(f.kind == "missing_ranks" for f in fs) else min(map(_fired, fs)) for fs in nodes]
+    waiting_in: dict[int, list[int]] = {}  # a rank -> the nodes it waits in
+    for k, vs in enumerate(victims):
+        for v in vs:
             waiting_in.setdefault(v, []).append(k)
 
     by_rank: dict[int, list[int]] | None = None
 
     def named_by(r: int) -> list[int]:
-        """The hangs that name rank ``r``, waiting or absent (indexed once, when first asked)."""
+        """The nodes that name rank ``r``, waiting or absent (indexed once, when first asked)."""
         nonlocal by_rank
         if by_rank is None:
             by_rank = {}
-            for k, f in enumerate(hangs):
-                for x in dict.fromkeys((*f.culprits, *f.victims)):
+            for k in range(len(nodes)):
+                for x in dict.fromkeys((*culprits[k], *victims[k])):
                     by_rank.setdefault(x, []).append(k)
         return by_rank.get(r, [])
 
     def held(k: int) -> list[int]:
-        """The hangs of other groups that hang ``k``'s absentees wait in."""
-        return sorted({j for c in hangs[k].culprits for j in waiting_in.get(c, ()) if hangs[j].group != hangs[k].group})
+        """The nodes of other groups that node ``k``'s absentees wait in (had entered before
+        ``k``'s failure fired, where it is one: a hang never fires)."""
+        return sorted({j for c in culprits[k] for j in waiting_in.get(c, ()) if group[j] != group[k]
+                       and (fired[k] is None or (_entered(model, nodes[j][0], c) or fired[k]) <= fired[k])})
 
     folded: set[int] = set()
-    for part in strongly_connected(range(len(hangs)), held):
+    crashes: dict[tuple, list[Finding]] | None = None  # an instance -> the crashes in it
+    for part in strongly_connected(range(len(nodes)), held):
         if len(part) < 2:
             continue
-        inside = {v for k in part for v in hangs[k].victims}
-        score = {k: len(hangs[k].victims) - sum(c in inside for c in hangs[k].culprits) for k in part}
+        inside = {v for k in part for v in victims[k]}
+        of_group: dict[str | None, list[int]] = {}
+        for k in part:
+            of_group.setdefault(group[k], []).append(k)
+        score = {g: len({v for k in ks for v in victims[k]}) - len({c for k in ks for c in culprits[k] if c in inside})
+                 for g, ks in of_group.items()}
         best = max(score.values())
-        roots = sorted(k for k in part if score[k] == best)  # (in the errors' order)
-        then = [hangs[k] for k in part if score[k] != best]
-        waits = {v for k in roots for v in hangs[k].victims}
+        chosen = sorted(k for k in part if score[group[k]] == best)  # (in the errors' order)
+        others = [k for k in part if score[group[k]] != best]
+        waits = {v for k in chosen for v in victims[k]}
         # (a consequence's absentee the root does not hold may be another hang's, outside the
         # cycle: an idle rank 4 whose group waits for it; helper-184: the cycle was skipped)
         inner = set(part)
-        if not then or any(not (c in waits or any(k not in inner for k in named_by(c))) for f in then
-                           for c in f.culprits):
+        if not others or any(not (c in waits or any(j not in inner for j in named_by(c)))
+                             for k in others for c in culprits[k]):
             continue
-        root, more = hangs[roots[0]], [hangs[k] for k in roots[1:]]
+        root, *more = (f for k in chosen for f in nodes[k])
+        then = [f for k in others for f in nodes[k]]
         if more:
             blamed = sorted({c for f in (root, *more) for c in f.culprits})
-            root.message = (f"{ranks_text(blamed)} are each in another group's collective while "
-                            f"{len(roots)} groups wait for them; first: {root.message}")
+            if len(waited := {group[k] for k in chosen}) > 1:
+                root.message = (f"{ranks_text(blamed)} are each in another group's collective while "
+                                f"{len(waited)} groups wait for them; first: {root.message}")
             _absorb(root, *more)
             root.culprits = blamed
-        _absorb(root, *then)
-        folded |= {id(f) for f in (*more, *then)}
+        if crashes is None:  # (indexed once: a cycle per 8-rank group of 4,096 ranks)
+            crashes = {}
+            for f in errors:
+                if f.kind == "rank_crashed" and f.instances:
+                    crashes.setdefault(f.instances[0], []).append(f)
+        crashed = [c for f in then if f.kind == "op_failed" for c in crashes.get(f.instances[0], ())
+                   if _crashed_of(model, c)]
+        _absorb(root, *then, *crashed)
+        folded |= {id(f) for f in (*more, *then, *crashed)}
     return [f for f in errors if id(f) not in folded] if folded else errors
+
+
+def _hang_like(f: Finding) -> bool:
+    """A collective's hang, or its failure blamed on ranks that never came or left (the
+    hang its timeout ended): what ``_crossed`` finds cycles of.  Not a failure of its
+    rank's own doing, a mismatch's, or one not blamed yet."""
+    if f.kind == "missing_ranks":
+        return bool(f.culprits)
+    return f.kind == "op_failed" and bool(f.culprits) and bool(f.instances) and f.instances[0][0] == "coll" and \
+        f.evidence.get("blame", {}).get("reason") not in ("local", "mismatch", "pending", "unknown")
+
+
+def _entered(model: TraceModel, f: Finding, r: int) -> int | None:
+    """When rank ``r`` entered the collective of hang or failure ``f`` (None: not known)."""
+    k = f.instances[0]
+    gi = model.coll.get((k[1], k[2]))
+    i = gi.at(k[3]).get(r) if gi is not None and k[3] is not None else None
+    rt = model.ranks.get(r)
+    return int(rt.begin[i]) if i is not None and rt is not None else None
 
 
 def _timed_out(model: TraceModel, errors: list[Finding]) -> list[Finding]:
