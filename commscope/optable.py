@@ -27,6 +27,7 @@ class Op:
     same_shape: tuple[str, ...] = ()  # sides ("in", "out") whose shapes must agree across the group
     dtype_free: bool = False  # its tensors carry no dtype comparable across ranks
     varlen: bool = False  # a commscope.varlen op (its inner collectives are nested)
+    exchange: bool = False  # what its ranks send in all, they receive in all (bytes in = bytes out over the group)
     alias: bool = False  # a name only other tools use (Flight Recorder, c10d internals)
 
 
@@ -48,8 +49,8 @@ OPS: dict[str, Op] = {
     "reduce_scatter": Op(reducing=True, same_shape=("out",)),
     "reduce_scatter_tensor": Op(reducing=True, same_shape=("in", "out")),
     "reduce_scatter_single": Op(reducing=True, same_shape=("in", "out")),
-    "all_to_all": Op(),
-    "all_to_all_single": Op(),
+    "all_to_all": Op(exchange=True),
+    "all_to_all_single": Op(exchange=True),
     "barrier": Op(dtype_free=True),
     "monitored_barrier": Op(dtype_free=True),
     # collectives only c10d issues by these names (coalesced variants)
@@ -124,6 +125,8 @@ SAME_SHAPE = {n: o.same_shape for n, o in OPS.items() if o.same_shape}
 DTYPE_FREE = frozenset(n for n, o in OPS.items() if o.dtype_free)
 #: Ops that move data between exactly two ranks (``batch_isend_irecv`` is a container of them).
 P2P_OPS = frozenset(n for n, o in OPS.items() if o.direction is not None and not o.alias)
+#: Ops whose ranks' split sizes must agree: every byte one rank sends, another receives.
+EXCHANGES = frozenset(n for n, o in OPS.items() if o.exchange)
 #: commscope.varlen's ops.
 VARLEN = frozenset(n for n, o in OPS.items() if o.varlen)
 #: Names of plain tensor sends and receives, as torch and Flight Recorder write them.

@@ -169,6 +169,35 @@ def test_gather_root_and_varlen_shapes_are_not_mismatches():
     assert f == []
 
 
+@pytest.mark.parametrize("op", ["all_to_all_single", "all_to_all"])
+def test_an_exchange_whose_split_sizes_disagree_is_a_mismatch_naming_the_odd_rank(op):
+    """Rank 1 expects 3 elements from rank 0, which sends 2: the ranks sent 128 bytes in
+    all and received 132.  Gloo runs it without a word and the job goes on with a garbage
+    element; check said nothing (helper-182).  A collective_mismatch naming rank 1, whose
+    bytes in and out differ from the majority's; uneven splits that agree are no mismatch."""
+    b = TraceBuilder(4)
+    t = b.warmup()
+    for r in range(4):
+        b.sync(r, t, t + MS, op, shape=(8,), **({"out_shapes": [[9]], "out_bytes": 36} if r == 1 else {}))
+        b.sync(r, t + 2 * MS, t + 3 * MS, op, shape=(2 + r,), out_shapes=[[5 - r]], out_bytes=4 * (5 - r))
+    _, f = run(b)
+    assert [(x.kind, x.culprits, x.seq) for x in f] == [("collective_mismatch", [1], 4)], [x.message for x in f]
+    assert f[0].evidence["differs"] == ["split sizes"]
+    assert f"{op} sent 128 B in all and received 132 B" in f[0].message
+    assert "rank 1: sent 32 B, received 36 B" in f[0].message
+
+
+def test_an_exchange_of_two_ranks_whose_splits_disagree_names_both():
+    """With two ranks, neither is the odd one out: a tie names both (DESIGN's rule)."""
+    b = TraceBuilder(2)
+    t = b.warmup()
+    for r in range(2):
+        b.sync(r, t, t + MS, "all_to_all_single", shape=(8,), **({"out_shapes": [[9]], "out_bytes": 36} if r else {}))
+    _, f = run(b)
+    assert [(x.kind, x.culprits) for x in f] == [("collective_mismatch", [0, 1])], [x.message for x in f]
+    assert "tie, so every rank is named" in f[0].message
+
+
 def test_p2p_deadlock_cycle():
     b = TraceBuilder(3)
     t = b.warmup()

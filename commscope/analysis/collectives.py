@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from rich.console import RenderableType
@@ -34,7 +34,8 @@ from commscope.analysis.indexes import GroupIndex
 from commscope.analysis.model import COLL, SPACE_FR, SPACE_NATIVE, TraceModel, untimed
 from commscope.analysis.ranks import ranges
 from commscope.analysis.rankstate import snapshot
-from commscope.units import duration
+from commscope.optable import EXCHANGES
+from commscope.units import duration, size
 
 #: A rank straggles when it arrives last in at least this share of recent collectives...
 STRAGGLER_LAST_SHARE = 0.7
@@ -157,8 +158,8 @@ class Mismatch(Evidence):
     def render(self, f: Finding) -> list[RenderableType]:
         parts: list[RenderableType] = []
         per = evidence.values(self.per_rank)
-        cols = [c for c in ("rank", "op", "in_shapes", "in_dtypes", "redop", "root", "state", "site")
-                if any(c in row for row in per)]
+        cols = [c for c in ("rank", "op", "in_shapes", "out_shapes", "in_dtypes", "redop", "root", "state", "site")
+                if any(c in row for row in per) and (c != "out_shapes" or "split sizes" in self.differs)]
         if per:
             parts.append(evidence.table("per rank at this (group, seq)", cols,
                                         [[row.get(c) for c in cols] for row in per], set(f.culprits)))
@@ -268,6 +269,7 @@ def find_mismatches(model: TraceModel, now: int) -> tuple[list[Finding], dict[tu
     group's finding names (later instances of a group are counted in the first one)."""
     findings: list[Finding] = []
     rows_hit: dict[tuple[int, str, int], list[int]] = {}
+    exchanged = _Exchanges.of(model)
     for (space, name), gi in model.coll.items():
         mat = gi.seqs.rows()
         if mat.shape[0] == 0 or mat.shape[1] < 2:
@@ -281,13 +283,84 @@ def find_mismatches(model: TraceModel, now: int) -> tuple[list[Finding], dict[tu
         hi = codes.max(axis=1)
         lo = np.where(present, codes, np.iinfo(np.int32).max).min(axis=1)
         bad = np.nonzero((present.sum(axis=1) >= 2) & (hi != lo))[0]
+        split = _unconserved(model, gi, sig, present, hi == lo, exchanged) if (space, name) in exchanged.groups else {}
+        if split:
+            bad = np.union1d(bad, np.fromiter(split, np.int64, len(split)))
         if bad.shape[0] == 0:
             continue
         for row in bad[:MISMATCH_REPORT].tolist():
-            findings.append(_mismatch(model, gi, row, codes[row], now, later=int(bad.shape[0]) - 1))
+            findings.append(_split_mismatch(model, gi, row, split[row], now, later=int(bad.shape[0]) - 1)
+                            if row in split else _mismatch(model, gi, row, codes[row], now, later=int(bad.shape[0]) - 1))
         for b in bad.tolist():
             rows_hit[(space, name, seq_of_row(gi, b))] = list(findings[-1].culprits)
     return findings, rows_hit
+
+
+class _Exchanges(NamedTuple):
+    """Bytes in and out of each sig code of an exchange (``optable.EXCHANGES``: an
+    all_to_all), -1 for any other, and the (space, group)s holding one: found once a
+    diagnosis, from the sigs alone (a few hundred), so a trace with none pays nothing."""
+
+    bytes_in: np.ndarray
+    bytes_out: np.ndarray
+    groups: frozenset[tuple[int, str]]
+
+    @staticmethod
+    def of(model: TraceModel) -> _Exchanges:
+        codes = [s.code for s in model.sigs if s.op in EXCHANGES and s.in_shapes and s.out_shapes]
+        bytes_in = np.full(len(model.sigs), -1, np.int64)
+        bytes_out = bytes_in.copy()
+        for c in codes:
+            bytes_in[c], bytes_out[c] = model.sigs[c].in_bytes, model.sigs[c].out_bytes
+        return _Exchanges(bytes_in, bytes_out, frozenset((model.sigs[c].space, model.sigs[c].group) for c in codes))
+
+
+def _unconserved(model: TraceModel, gi: GroupIndex, sig: np.ndarray, present: np.ndarray, alike: np.ndarray,
+                 ex: _Exchanges) -> dict[int, tuple[int, int]]:
+    """The rows of group ``gi`` where every member ran the same exchange (``alike``) and the
+    bytes its ranks sent in all differ from those they received in all, each with the two:
+    their split sizes disagree (rank 1 expected 3 elements from rank 0, which sent 2).  Gloo
+    runs such an all_to_all_single without a word, and the job goes on with a garbage
+    element (helper-182: exit 0, no finding)."""
+    if sig.shape[1] < len(gi.members) or not gi.members:
+        return {}
+    bin_, bout = ex.bytes_in[sig], ex.bytes_out[sig]
+    rows = np.nonzero(present.all(axis=1) & alike & (bin_ >= 0).all(axis=1) & (bout >= 0).all(axis=1))[0]
+    if rows.shape[0] == 0:
+        return {}
+    sent, got = bin_[rows].sum(axis=1), bout[rows].sum(axis=1)
+    off = np.nonzero(sent != got)[0]
+    return {int(rows[k]): (int(sent[k]), int(got[k])) for k in off.tolist()}
+
+
+def _split_mismatch(model: TraceModel, gi: GroupIndex, row: int, sums: tuple[int, int], now: int,
+                    later: int) -> Finding:
+    """The ``collective_mismatch`` of an exchange whose split sizes disagree
+    (``_unconserved``): the ranks whose bytes in and out differ from the majority's are
+    named (their call is the odd one out), every rank on a tie."""
+    seq = seq_of_row(gi, row)
+    ops = gi.at(seq)
+    io = {r: (model.sig_of(r, i).in_bytes, model.sig_of(r, i).out_bytes) for r, i in ops.items()}
+    top = Counter(io.values()).most_common()
+    tie = len(top) > 1 and top[0][1] == top[1][1]
+    culprits = sorted(ops) if tie else sorted(r for r, v in io.items() if v != top[0][0])
+    table = {}
+    for r in sorted(ops):
+        b = op_brief(model, r, ops[r], now)
+        table[str(r)] = {k: b.get(k) for k in ("op", "in_shapes", "in_shapes_total", "in_dtypes", "out_shapes",
+                                               "out_shapes_total", "site", "state", "exc") if b.get(k) is not None}
+    op = model.sig_of(culprits[0], ops[culprits[0]]).op
+    did = {r: f"sent {size(io[r][0])}, received {size(io[r][1])}" for r in sorted(ops)}
+    msg = (f"ranks disagree at collective #{seq} of group {gi.name}: {op} sent {size(sums[0])} in all and "
+           f"received {size(sums[1])}, so their split sizes disagree (each rank's output splits must be what the "
+           f"others send it); " + _who_ran(did) +
+           ("; tie, so every rank is named" if tie else f"; {rank_list(culprits)} differ from the majority"))
+    majority = None if tie else next(table[str(r)] for r, v in io.items() if v == top[0][0])
+    ev = Mismatch(per_rank=table, differs=["split sizes"], majority=None if majority is None else
+                  {k: majority.get(k) for k in ("op", "in_shapes", "out_shapes")}, absent_ranks=[],
+                  later_mismatches=later, src="fr" if gi.space == SPACE_FR else ABSENT)
+    t = max(int(model.ranks[r].begin[i]) for r, i in ops.items())
+    return Finding("collective_mismatch", gi.name, seq, op, list(gi.members), culprits, msg, ev, ts=t)
 
 
 def _who_ran(ran: dict[int, str]) -> str:
