@@ -119,8 +119,11 @@ def byte_size(text: str) -> int:
     try:
         kept = retention.parse(re.sub(r"(?<=\d)\s*m\s*$", "M", text))
     except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc).replace(" per rank", "")) from None
-    if kept.max_bytes is None or kept.max_age_s is not None:
+        said = str(exc).replace(" per rank", "")
+        if "an age" not in said:  # (what it says of a size; not its offer of an age, which no size takes: helper-181)
+            raise argparse.ArgumentTypeError(said) from None
+        kept = None
+    if kept is None or kept.max_bytes is None or kept.max_age_s is not None:
         raise argparse.ArgumentTypeError(f"cannot read {text!r}: give a size, such as 64MiB or 2GiB")
     return kept.max_bytes
 
