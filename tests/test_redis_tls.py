@@ -161,3 +161,33 @@ def test_a_full_redis_over_tls_is_said_to_be_perhaps_full(tls_files):
     assert 1 <= len(held) <= 4 and "during the TLS handshake" in said, said
     assert "a Redis full of clients closes a new one so over TLS" in said and "raise maxclients" in said
     assert "ssl_certfile=FILE" not in said  # (the URL gives one)
+
+
+def test_a_tls_setting_no_retry_mends_is_refused_before_the_job_runs(tls_server, tls_files, tmp_path):
+    """``commscope run`` asks ``refusal`` before it starts the ranks: a wrong password was
+    refused there, but a CA that does not vouch for the server, an unreadable CA file or
+    client certificate let the job run unrecorded, each rank warning (helper-183).  They are
+    refused now, with what the ranks would say; what a retry may mend (a reset, no answer:
+    perhaps a full or a plain server) is still left to the ranks, and a right URL passes."""
+    from commscope.store.redis_store import refusal
+
+    port = tls_server.port
+    client = f"ssl_certfile={tls_files.client_cert}&ssl_keyfile={tls_files.client_key}"
+    assert refusal(tls_server.url) is None
+    untrusted = refusal(f"rediss://127.0.0.1:{port}/0?{client}")
+    assert untrusted is not None and "not trusted" in untrusted and "ssl_ca_certs=FILE" in untrusted
+    no_ca = refusal(f"rediss://127.0.0.1:{port}/0?ssl_ca_certs=/nonexistent/ca.crt&{client}")
+    assert no_ca is not None and "cannot read ssl_ca_certs '/nonexistent/ca.crt'" in no_ca
+    no_cert = refusal(f"rediss://127.0.0.1:{port}/0?ssl_ca_certs={tls_files.ca}&ssl_certfile=/nonexistent.crt")
+    assert no_cert is not None and "cannot read the client certificate '/nonexistent.crt'" in no_cert
+    assert refusal(f"redis://127.0.0.1:{port}/0") is None  # (a reset: a full server says the same)
+    # and the command says it, exit 2, the job never started
+    import subprocess
+    import sys
+
+    marker = tmp_path / "ran"
+    done = subprocess.run([sys.executable, "-m", "commscope", "run", "--store",
+                           f"rediss://127.0.0.1:{port}/0?{client}", "--", sys.executable, "-c",
+                           f"open({str(marker)!r}, 'w')"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "not trusted" in done.stderr, done.stdout + done.stderr
+    assert not marker.exists()

@@ -50,7 +50,7 @@ from commscope.store.base import (
 from commscope.store.cluster import Nodes, keyslot
 from commscope.store.redis_keys import Keys, LegacyKeys, entry_number
 from commscope.store.redis_url import MAX_WRITE_EVERY, RedisTarget, parse_url, scrub
-from commscope.store.resp import Connection, RedisAuthError, ReplyError, pack
+from commscope.store.resp import Connection, RedisAuthError, RedisTLSRefused, ReplyError, pack
 from commscope.window import Since
 
 # ---------------------------------------------------------------------------- writer
@@ -1704,8 +1704,8 @@ REFUSAL_WAIT_S = 2.0
 
 def refusal(url: str) -> str | None:
     """Why the ranks of a job could never write to the Redis at ``url`` (``Backend.refusal``):
-    a wrong or missing password, a cluster node named with a database other than 0, or no
-    such database.  Said before the job runs, not found by each rank while it runs
+    a wrong or missing password, a TLS setting no retry mends (``RedisTLSRefused``), a
+    cluster node named with a database other than 0, or no such database.  Said before the job runs, not found by each rank while it runs
     unrecorded (helper-163).  None where they may yet: a server that does not answer now
     (down, full) is theirs to retry, as always.  A job id the store holds already is not
     refused: another node of the same job (``?job=``, ``--job``), or a replacement node,
@@ -1718,7 +1718,7 @@ def refusal(url: str) -> str | None:
     nodes.set_deadline(time.monotonic() + REFUSAL_WAIT_S)  # (the whole of it, not each reply)
     try:
         nodes.connect()
-    except RedisAuthError as exc:
+    except (RedisAuthError, RedisTLSRefused) as exc:  # (TLS: helper-183, the job ran unrecorded)
         return str(exc)
     except StoreError as exc:
         text = str(exc)

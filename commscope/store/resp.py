@@ -43,6 +43,12 @@ class RedisAuthError(RedisRefused):
     """Wrong or missing password.  The message names the store with the password hidden."""
 
 
+class RedisTLSRefused(RedisRefused):
+    """A TLS setting of the URL that no retry mends: a server certificate its CA does not
+    vouch for, or that does not name the host; a CA file, client certificate or key that
+    cannot be read.  (A reset or an EOF in the handshake may be a full server: not this.)"""
+
+
 def _arg(a: Any) -> bytes:
     if isinstance(a, bytes):
         return a
@@ -150,7 +156,8 @@ class Connection:
             raise self._login_error(str(exc)) from None
         except ssl.SSLError as exc:
             self.close()
-            raise StoreError(f"cannot connect to {self.shown}: {self._tls_why(exc)}") from None
+            refused = RedisTLSRefused if isinstance(exc, ssl.SSLCertVerificationError) else StoreError
+            raise refused(f"cannot connect to {self.shown}: {self._tls_why(exc)}") from None
         except ConnectionResetError as exc:
             self.close()
             why = self._tls_why(exc) if t.tls else \
@@ -192,17 +199,17 @@ class Connection:
         try:
             ctx = ssl.create_default_context(cafile=t.ssl_ca_certs)
         except (OSError, ssl.SSLError) as exc:
-            raise StoreError(f"cannot use {self.shown}: cannot read ssl_ca_certs {t.ssl_ca_certs!r} "
+            raise RedisTLSRefused(f"cannot use {self.shown}: cannot read ssl_ca_certs {t.ssl_ca_certs!r} "
                              f"({getattr(exc, 'strerror', None) or exc})") from None
         if t.ssl_certfile:
             try:
                 ctx.load_cert_chain(t.ssl_certfile, t.ssl_keyfile, password=_no_passphrase)
             except _EncryptedKey:
-                raise StoreError(f"cannot use {self.shown}: the client key {t.ssl_keyfile or t.ssl_certfile!r} is "
+                raise RedisTLSRefused(f"cannot use {self.shown}: the client key {t.ssl_keyfile or t.ssl_certfile!r} is "
                                  "encrypted, and commscope asks no passphrase (every rank would wait for one): "
                                  "give it a key without one (openssl pkey -in KEY -out PLAIN_KEY)") from None
             except (OSError, ssl.SSLError) as exc:
-                raise StoreError(f"cannot use {self.shown}: cannot read the client certificate "
+                raise RedisTLSRefused(f"cannot use {self.shown}: cannot read the client certificate "
                                  f"{t.ssl_certfile!r} (and its key: {getattr(exc, 'strerror', None) or exc})") from None
         if not t.ssl_check_hostname or not t.ssl_verify:
             ctx.check_hostname = False
