@@ -222,12 +222,13 @@ def pinned(model: TraceModel) -> Pinned:
 
 
 def render(rep: dict[str, Any], description: str, world_size: int, warnings: list[str], con, *,
-           wide: bool = False, every: bool = False, first: Pinned = NOTHING) -> None:
+           wide: bool = False, every: bool = False, first: Pinned = NOTHING, windowed: bool = False) -> None:
     """The report as tables on a rich console, fitted to its width (``wide``: every column).
     Cells are never cut: a table whose names alone are too wide runs past the width.  A job
     of more than ``WHOLE`` ranks lists those that matter most and their median, one of more
     than ``WHOLE`` groups those that matter most (``first``: the findings' culprits and
-    groups, on top; ``every``: every rank and group)."""
+    groups, on top; ``every``: every rank and group).  ``windowed``: read with ``--since``,
+    whose start leaves out the parts of instances ranks ran before it."""
     from rich.text import Text
 
     width = con.width
@@ -278,9 +279,11 @@ def render(rep: dict[str, Any], description: str, world_size: int, warnings: lis
         notes.append(f"{rep['ops_untimed']:,} ops without timings (Flight Recorder on Gloo, or no end time) are "
                      f"shown as {NONE} and left out of latency and bandwidth.")
     if rep["incomplete_collectives"]:
-        notes.append(f"{rep['incomplete_collectives']:,} collective instance(s) not complete on every member (a "
-                     "rank that died or hung in it, or one whose part retention deleted) are left out of the per-op "
-                     "and per-group tables, counts and bytes included (their failed ops are counted).")
+        why = ("a rank that died or hung in it, one whose part retention deleted, or one some ranks ran before "
+               "the window read" if windowed else "a rank that died or hung in it, or one whose part retention deleted")
+        notes.append(f"{rep['incomplete_collectives']:,} collective instance(s) not complete on every member ({why}) "
+                     "are left out of the per-op and per-group tables, counts and bytes included (their failed ops "
+                     "are counted).")
     if hidden:
         order = [c.header for c in _STAT_COLS + _RANK_COLS]
         notes.append(f"Left out to fit {width} columns: " + ", ".join(sorted(hidden, key=order.index))
@@ -363,5 +366,5 @@ def main(args: argparse.Namespace) -> int:
     with progress.status("judging the trace (its findings' ranks and groups go first)", shown and cut):
         first = pinned(model) if cut else NOTHING
     render(rep, redact(reader.description), model.world_size, warnings, options.stdout_console(), wide=args.wide,
-           every=args.all, first=first)
+           every=args.all, first=first, windowed=reader.window_start_ns() is not None)
     return 0
