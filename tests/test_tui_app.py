@@ -1167,6 +1167,32 @@ def test_the_ranks_that_matter_are_on_the_first_screen_of_thousands(fault, kind,
     drive(app, check, size=(80, 24))
 
 
+def test_a_finding_naming_every_rank_pins_none_of_them():
+    """A job killed as a whole: no rank's end recorded, a ``trace_incomplete`` naming all
+    4,096 ranks beside the straggler host's finding.  Every rank was pinned, one row each
+    (the summary gone, the host below the fold at 80x24: helper-188); now the host's ranks
+    are on top and the rest summarized, as without it."""
+    from tui_scenarios import wide_fault
+
+    from commscope.analysis.findings import Finding
+
+    events, now = wide_fault("straggler-host")
+    app = make_app(events, now)
+    culprits = list(range(2048, 2056))
+
+    async def check(pilot):
+        every = Finding("trace_incomplete", None, None, None, list(range(4096)), list(range(4096)),
+                        "no rank's end was recorded", {})
+        app.apply(app.info, [*app.findings, every])
+        await pilot.pause()
+        tl = app.timeline
+        assert tl.flagged == set(culprits) and tl.pinned_rows == 8
+        assert [r for row in tl.rows[:8] for r in row.ranks] == culprits
+        assert sum(len(r.ranks) for r in tl.rows[8:]) == 4088 and len(tl.rows) <= 12
+
+    drive(app, check, size=(80, 24))
+
+
 def test_behaviour_rows_put_the_odd_ones_out_first():
     from tui_scenarios import hung_missing_rank
 

@@ -36,7 +36,7 @@ from commscope.tui.loadbar import LoadBar
 from commscope.tui.rank_table import RankTable
 from commscope.tui.ruler import Ruler
 from commscope.tui.screens import HELP_SECTIONS, HelpScreen
-from commscope.tui.timeline import Timeline
+from commscope.tui.timeline import Timeline, flagged_ranks
 
 SPEEDS = [0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 100, 1000]
 
@@ -222,7 +222,7 @@ class CommscopeApp(App):
                 self.timeline.unplace()  # a layout during the load placed the view on a part
         self.timeline.cursor_ns = self.cursor_ns
         self.timeline.hang_after_ns = int(self.feed.hang_after() * 1e9)
-        flagged = {r for f in findings for r in (f.culprits or f.ranks)}
+        flagged = flagged_ranks(findings, len(self.feed.model.ranks))
         self.timeline.set_flagged(flagged)
         self.ranks_table.flagged = flagged
         self.timeline.on_model_update(self._now())

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 from rich.segment import Segment
@@ -28,7 +28,7 @@ from textual.message import Message
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from commscope.analysis.findings import ranks_text
+from commscope.analysis.findings import Finding, ranks_text
 from commscope.analysis.model import CONTAINER, NESTED, ModelLike, ModelView, TraceModel
 from commscope.analysis.rankstate import rank_state, top_level_ops
 from commscope.analysis.vocab import RankState
@@ -62,6 +62,20 @@ MAX_NPC = 3600 * 10**9  # (the painter's cell arithmetic is exact up to this: pa
 PIN_MIN_RANKS = 32
 #: A job of more ranks than this opens with its rows summarized by behaviour (``behaviours``)
 SUMMARY_MIN_RANKS = 64
+
+
+def flagged_ranks(findings: Sequence[Finding], ranks: int) -> set[int]:
+    """The ranks the findings point at, marked and (past ``PIN_MIN_RANKS``) pinned: each
+    finding's culprits, or its ranks where it names none.  Not those of a finding naming
+    more than half of such a job's ``ranks``: it points at none of them (a job killed as a
+    whole: every rank's end unrecorded, ``trace_incomplete``), and pinned all 4,096 rows
+    one by one, the summary gone and the straggler host below the fold (helper-188)."""
+    out: set[int] = set()
+    for f in findings:
+        named = f.culprits or f.ranks
+        if ranks <= PIN_MIN_RANKS or len(named) * 2 <= ranks:
+            out.update(named)
+    return out
 #: A behaviour row is shaded from at most this many of its ranks, evenly spread: they do the
 #: same thing now, and 16,384 of them painted one by one take ~1 s a frame (64: ~5 ms)
 BEHAVIOUR_SAMPLE = 64
