@@ -44,15 +44,17 @@ def test_bench_scale_finds_the_fault_it_injects(store, fault, device, writers):
     else:
         assert re.search(r"fault -> finding: \d+\.\d s", out), out  # found, naming the culprit
     assert "other findings" not in out, out  # and nothing else: no victim blamed
-    assert re.search(r"met at this run's scale \(its measured figures, not the EXTRAPOLATED ones\): (yes|NO \([^)]+\))\n",
+    assert re.search(r"met at this run's scale \(its measured figures, not the EXTRAPOLATED ones\): (yes|NO\s+\([^)]+\))\n",
                      out), out
     if fault in ("host-lost", "straggler-host"):  # the host's eight ranks in one finding (the culprit set)
         assert re.search(rf"fault '{fault}' at \d+ s on rank 35's host \(ranks 32-39\)", out), out
     # a hang: every rank in it captured its stack at hang_after, and the finding shows the ones
     # waiting as one stack, the culprit's apart (a mismatch names no rank waiting; a silent or
     # spinning culprit captured nothing)
-    shown = re.search(r"its stacks, as last judged: (\d+) of (\d+) culprit\(s\) captured; ([\d,]+) waiting "
+    shown = re.search(r"its stacks, as last judged: (\d+) of (\d+) culprit\(s\) captured;\s+([\d,]+) waiting "
                       r"rank\(s\)\s+shown as (\d+) distinct stack", out)
+    # (within 80 columns, its lines and the findings it quotes: 81-91, helper-181)
+    assert max(map(len, out.splitlines())) <= 80, [x for x in out.splitlines() if len(x) > 80]
     expect = {"dead": (0, 1, 63, 1), "host-lost": (0, 8, 56, 1), "missing": (0, 1, 127, 1), "mismatch": (1, 1, 0, 0)}
     if fault in expect:
         assert shown and tuple(int(x) for x in shown.groups()) == expect[fault], out
@@ -92,8 +94,8 @@ def test_bench_scale_finds_the_fault_it_injects(store, fault, device, writers):
         assert len(nodes) == (3 if store == "redis-cluster" else 1), out
         assert all(int(a.replace(",", "")) > 0 and int(r.replace(",", "")) > 0 for _, a, r in nodes), out
         # the clients a real job of as many ranks would hold: a writer and a keeper a rank
-        assert "a real job of 64 ranks (a process each; here a writer process is many):\n    128 clients over " \
-               "the nodes, a writer a rank and its keeper of keyframes" in out, out
+        assert "a real job of 64 ranks (a process each; here a writer process is many): 128 clients over " \
+               "the nodes, a writer a rank and its keeper of keyframes" in " ".join(out.split()), out
     else:
         assert not nodes and "store requests" not in out, out
 
@@ -517,5 +519,6 @@ def test_bench_scale_that_blames_a_victim_says_no_and_fails():
                           env={**os.environ, "COLUMNS": "200"})
     assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
     assert "other findings (WRONG: a victim blamed): missing_ranks 0" in done.stdout, done.stdout[-3000:]
-    assert re.search(r"met at this run's scale \(its measured figures, not the EXTRAPOLATED ones\): NO \([^)]*"
-                     r"no victim blamed\)\n", done.stdout), done.stdout[-3000:]
+    assert re.search(r"met at this run's scale \(its measured figures, not the EXTRAPOLATED ones\): NO\s+\([^)]*"
+                     r"no\s+victim\s+blamed\)\n", done.stdout), done.stdout[-3000:]
+    assert max(map(len, done.stdout.splitlines())) <= 80, done.stdout[-3000:]

@@ -1092,21 +1092,22 @@ def _report_loads(loads: list[NodeLoad], every: float, store: str, ranks: int, b
     for x in loads:
         print(f"    {x.node:<16} {x.requests:>8,.0f}: appends {x.appends:,.0f}, reads {x.reads:,.0f}, "
               f"other {x.other:,.0f}")
-    print(f"    bounded: a rank appends every {every:.2f} s (world_size / rate=, {rate:,} appends/s for\n"
-          f"    the job at most, from {rate * TICK_S:,.0f} ranks on), a poll sends one XREAD per shard\n"
-          f"    ({Keys.SHARDS} shards over the nodes)" + (
-              "" if every_frame is None else
-              f"; a keyframe of a rank (an XRANGE and a script, in\n    other) at most every {every_frame:g} s "
-              f"that its stream grew by {size(keyframes.MIN_BYTES)}"))
+    # (wrapped: at 80 columns a keyframe's clause ran to 82, helper-181's width check)
+    print(_wrapped(f"bounded: a rank appends every {every:.2f} s (world_size / rate=, {rate:,} appends/s for "
+                   f"the job at most, from {rate * TICK_S:,.0f} ranks on), a poll sends one XREAD per shard "
+                   f"({Keys.SHARDS} shards over the nodes)" + (
+                       "" if every_frame is None else
+                       f"; a keyframe of a rank (an XRANGE and a script, in other) at most every {every_frame:g} s "
+                       f"that its stream grew by {size(keyframes.MIN_BYTES)}")))
     if every_frame is not None:
         most = DEFAULT_MAXCLIENTS
         held = redis_keeper.holds(busiest, most)
-        print(f"    a real job of {ranks:,} ranks (a process each; here a writer process is many):\n"
-              f"    {ranks * (2 if held else 1):,} clients over the nodes, a writer a rank"
-              + (" and its keeper of keyframes" if held else
-                 f";\n    its keepers connect for each pass (the busiest node's {busiest:,} ranks' writers\n"
-                 f"    and keepers past 7/8 of maxclients {most:,}, Redis's default),\n"
-                 f"    ~{ranks / every_frame:,.0f} connects/s over the nodes"))
+        print(_wrapped(f"a real job of {ranks:,} ranks (a process each; here a writer process is many): "
+                       f"{ranks * (2 if held else 1):,} clients over the nodes, a writer a rank"
+                       + (" and its keeper of keyframes" if held else
+                          f"; its keepers connect for each pass (the busiest node's {busiest:,} ranks' writers "
+                          f"and keepers past 7/8 of maxclients {most:,}, Redis's default), "
+                          f"~{ranks / every_frame:,.0f} connects/s over the nodes")))
 
 
 # ------------------------------------------------------------------ the suite
@@ -1302,8 +1303,8 @@ def _report(args: argparse.Namespace, plan: Plan, seconds: float, wrote: list[di
     keepers = sum(x["keepers"] for x in wrote)
     kept = (f"; their keepers of keyframes' {sum(x['keeper_cpu_s'] for x in wrote) / wall * 100:.0f}%\n"
             f"    ({keepers} process(es) at the lowest priority: a rank of a real job has its own)" if keepers else "")
-    print(f"  written: {events:,} events; {rate:,.0f} events/s before the fault (the job's: {want:,.0f});\n"
-          f"    writers' CPU {writer_cpu / wall * 100:.0f}% of a core{kept}")
+    print(f"  written: {events:,} events; {rate:,.0f} events/s before the fault\n"
+          f"    (the job's: {want:,.0f});\n    writers' CPU {writer_cpu / wall * 100:.0f}% of a core{kept}")
     if loads:
         _report_loads(loads, max(x["every"] for x in wrote), plan.store, plan.ranks, busiest)
     read = seen.read_process_cpu_s
@@ -1344,13 +1345,15 @@ def _report(args: argparse.Namespace, plan: Plan, seconds: float, wrote: list[di
         print(f"  fault -> finding: {took} (target <= hang_after + 5 = {limit:g} s){note}")
         captured, culprits, waiting, distinct = seen.stacks
         if found is not None and plan.fault not in SLOW_HOSTS:  # (a hang: every rank in it captured its stack)
-            print(f"    its stacks, as last judged: {captured} of {culprits} culprit(s) captured; {waiting:,} "
-                  f"waiting rank(s)\n    shown as {distinct} distinct stack(s)")
+            print(f"    its stacks, as last judged: {captured} of {culprits} culprit(s) captured;\n"
+                  f"    {waiting:,} waiting rank(s) shown as {distinct} distinct stack(s)")
     if seen.early:
-        print(f"  also, naming only culprits first (another kind, or some of them): {'; '.join(seen.early[:5])}")
+        print(textwrap.fill(f"also, naming only culprits first (another kind, or some of them): "
+                            f"{'; '.join(seen.early[:5])}", width=80, initial_indent="  ", subsequent_indent="    "))
     if seen.wrong:
         more = f" and {len(seen.wrong) - 5} more" if len(seen.wrong) > 5 else ""
-        print(f"  other findings (WRONG: a victim blamed): {'; '.join(seen.wrong[:5])}{more}")
+        print(textwrap.fill(f"other findings (WRONG: a victim blamed): {'; '.join(seen.wrong[:5])}{more}",
+                            width=80, initial_indent="  ", subsequent_indent="    "))
     print(f"  frame (60 timeline rows, from the published view): median {fmt_time(frame)};\n"
           f"    its heatmap of every rank ({HEAT_LINES} lines)"
           + (f", each frame counted from the last:\n    median {fmt_time(heat)} (target <= 50 ms)" if seen.heat_frames
@@ -1369,6 +1372,7 @@ def _report(args: argparse.Namespace, plan: Plan, seconds: float, wrote: list[di
             60 / plan.rate if plan.fault in SLOW_HOSTS else 0))),
         ("no victim blamed", not seen.wrong)) if not met]
     # (a run's own figures: an extrapolation above says "NOT within the target" apart)
-    print("  met at this run's scale (its measured figures, not the EXTRAPOLATED ones): "
-          + ("yes" if not missed else f"NO ({', '.join(missed)})"))
+    print(textwrap.fill("met at this run's scale (its measured figures, not the EXTRAPOLATED ones): "
+                        + ("yes" if not missed else f"NO ({', '.join(missed)})"), width=80, initial_indent="  ",
+                        subsequent_indent="    ", break_on_hyphens=False))
     return 1 if seen.wrong else 0  # (a victim blamed is a wrong diagnosis at any speed; a slow one is the machine's)
