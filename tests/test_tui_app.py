@@ -596,6 +596,23 @@ def test_abbreviations_and_word_fitting():
     assert fit_words("exited (destroy_pg)", 12) == "exited…"
 
 
+def test_a_narrow_findings_list_breaks_a_list_of_ranks_after_its_commas():
+    """At 80x24 the findings list is ~18 columns: "(0-2049,2051-4095)" was folded mid-number,
+    "(0-2049,2051-4" on a line, read as ranks 2051-4 (helper-188).  It breaks after a comma,
+    each range whole on a line."""
+    from tui_scenarios import wide_missing_rank
+
+    events, now = wide_missing_rank()
+    app = make_app(events, now)
+
+    async def check(pilot):
+        shown = _screen_text(app)
+        assert "(0-2049," in shown and "2051-4095)" in shown, shown
+        assert "2051-4\n" not in shown and "2051-4 " not in shown.replace("2051-4095", ""), shown
+
+    drive(app, check, size=(80, 24))
+
+
 def test_finding_detail_keeps_up_with_its_list_entry():
     """A live hang: each diagnose says the ranks waited longer; the detail pane and the list's
     highlight follow the same finding, and the timeline's selection stays put."""
@@ -1193,6 +1210,154 @@ def test_a_finding_naming_every_rank_pins_none_of_them():
     drive(app, check, size=(80, 24))
 
 
+def test_the_focused_row_follows_its_rank_when_c_changes_the_rows():
+    """4,096 ranks: an op of rank 2051 (on the culprit's host, pinned) selected, ``c`` makes
+    the rows by host: the focus stays on the row holding rank 2051, and ← takes its previous
+    op.  The focus stayed at its index, on ranks 0-7's host, and ← took rank 0's (helper-188)."""
+    from tui_scenarios import wide_missing_rank
+
+    events, now = wide_missing_rank()
+    app = make_app(events, now)
+
+    async def check(pilot):
+        tl = app.timeline
+        tl.focus()
+        assert tl.mode == "behaviour"
+        tl.sel_row = next(i for i, row in enumerate(tl.rows) if row.ranks == (2051,))
+        await pilot.press("left")
+        await pilot.pause()
+        assert tl.sel is not None and tl.sel[0] == 2051
+        picked = tl.sel
+        while tl.mode != "ranks":  # (every mode c cycles through)
+            await pilot.press("c")
+            await pilot.pause()
+            assert 2051 in tl.rows[tl.sel_row].ranks, (tl.mode, tl.rows[tl.sel_row].label)
+            assert tl.sel == picked
+        await pilot.press("left")
+        await pilot.pause()
+        assert tl.sel[0] == 2051 and tl.sel[1] < picked[1]
+
+    drive(app, check, size=(120, 40))
+
+
+def test_an_80_column_header_keeps_the_mode_and_its_clock_and_cuts_the_job_s_name():
+    """At 80 columns the header was cut at its end: a replay's state, play or pause, speed and
+    cursor went, and a live clock was cut mid-value, while a long job name stayed whole
+    (helper-188).  The rate, events, world and backend go first, then the name is cut."""
+    from commscope.tui.feed import FeedInfo
+    from commscope.tui.header import StatusHeader, line
+
+    long = "missing-rank-20261207-150655-340cba-with-a-long-suffix"
+    events, _ = hung_missing_rank()
+    app = make_app(events, 0, mode=REPLAY)
+    app.title_override = long
+
+    async def check(pilot):
+        header = str(app.header_bar.render())
+        assert len(header) <= 80 and " ✖ 1 ▲ 0 " in header, header
+        assert "· REPLAY ❚❚ x1 +" in header and header.rstrip().endswith(" s"), header
+        await pilot.press("g", "space")
+        header = str(app.header_bar.render())
+        assert "· REPLAY ▶ x1 +" in header and "missing-rank-2026" in header, header
+
+    drive(app, check, size=(80, 24))
+    bar = StatusHeader()
+    bar.show(FeedInfo(mode=LIVE, source="s", events=123_456, rate=4_321.0, waiting=False,
+                      now_ns=1_780_000_012_400_000_000),
+             job=long, world=4096, backend="nccl", errors=1, warnings=0, start_ns=1_780_000_000_000_000_000)
+    live = str(line(bar._parts, 80))
+    assert len(live) <= 80 and "· LIVE " in live and live.rstrip().endswith("(+12.4 s)"), live
+    assert long[:20] in live and "…" in live and "events" not in live, live
+    assert "4096 ranks" in str(line(bar._parts, 200)) and "123,456 events" in str(line(bar._parts, 0))
+
+
+def test_home_and_end_move_the_replay_cursor_however_many_rows_scroll():
+    """``home``/``end`` are the replay's start and end (the help's ``g G / home end``): in
+    the timeline they scrolled its rows instead where it could scroll (4,096 ranks one row
+    each) and left the cursor (helper-188)."""
+    from tui_scenarios import wide_missing_rank
+
+    events, _ = wide_missing_rank()
+    app = make_app(events, 0, mode=REPLAY)
+
+    async def check(pilot):
+        tl, m = app.timeline, app.feed.model
+        tl.focus()
+        while tl.mode != "ranks":
+            await pilot.press("c")
+        await pilot.pause()
+        assert tl.max_scroll_y > 0  # (rows to scroll)
+        await pilot.press("home")
+        assert app.cursor_ns == m.start_ns
+        await pilot.press("end")
+        assert app.cursor_ns == m.end_ns
+
+    drive(app, check, size=(80, 24))
+
+
+@pytest.mark.parametrize("wide", [False, True])
+def test_a_resized_terminal_keeps_the_same_time_in_view_and_the_legend_on_screen(wide):
+    """Shrunk from 200x60 to 80x24 the view kept its scale: the trace's end and the replay
+    cursor went off it, and a stale horizontal scrollbar took the legend's line (helper-188;
+    at 4 ranks as at 4,096).  The same time stays in view, and the legend on its line."""
+    from tui_scenarios import wide_missing_rank
+
+    events, _ = wide_missing_rank() if wide else hung_missing_rank()
+    app = make_app(events, 0, mode=REPLAY)
+
+    async def check(pilot):
+        tl = app.timeline
+        span = (tl.t0, tl.t1())
+        assert span[0] <= app.cursor_ns <= span[1]
+        await pilot.resize_terminal(80, 24)
+        await pilot.pause()
+        assert tl.t0 == span[0] and span[1] <= tl.t1() <= span[1] + tl.npc, (span, tl.t0, tl.t1())
+        assert not tl.show_horizontal_scrollbar and tl.scrollable_content_region.height == tl.size.height
+        await pilot.resize_terminal(200, 60)
+        await pilot.pause()
+        assert tl.t0 == span[0] and abs(tl.t1() - span[1]) <= 3 * tl.npc
+
+    drive(app, check, size=(200, 60))
+
+
+def test_the_80_column_footer_shows_help_quit_and_the_panel_keys_whole():
+    """At 80 columns the footer read "? Hel" and hid q, e and r (the timeline's zoom and
+    follow keys before them: helper-188); every key it shows is whole now, whichever pane
+    has the focus, and ? lists the rest."""
+    events, now = hung_missing_rank()
+    app = make_app(events, now)
+
+    async def check(pilot):
+        for pane in ("1", "2", "3"):
+            await pilot.press(pane)
+            await pilot.pause()
+            footer = _screen_text(app).splitlines()[-1]
+            for key in ("c Collapse", "x Filter", "? Help", "q Quit", "e Next error", "r Ranks/GPU"):
+                assert key in footer, (pane, footer)
+
+    drive(app, check, size=(80, 24))
+
+
+def test_the_gpu_panel_s_title_line_is_cut_with_an_ellipsis_beside_its_scrollbar():
+    """4,096 ranks: the GPU panel's first line was cut by its scrollbar, "(no GPU samples"
+    with no ellipsis (at 4 ranks, no scrollbar, it had one: helper-188)."""
+    from tui_scenarios import wide_missing_rank
+
+    events, now = wide_missing_rank()
+    app = make_app(events, now)
+
+    async def check(pilot):
+        await pilot.press("r")
+        await pilot.pause()
+        gpu = app.gpu
+        room = gpu.scrollable_content_region.width
+        assert room < gpu.size.width  # (its scrollbar's columns)
+        title = gpu.render_line(0).text
+        assert len(title) == room and title.endswith("…") and title.startswith("CPU % · RSS"), (room, title)
+
+    drive(app, check, size=(80, 24))
+
+
 def test_behaviour_rows_put_the_odd_ones_out_first():
     from tui_scenarios import hung_missing_rank
 
@@ -1267,6 +1432,9 @@ def test_the_heatmap_holds_every_rank_in_the_lines_the_timeline_has():
         assert "ranks a half-cell" in heat[0].note
         line = tl.render_line(1).text
         assert "▀" in line and "r0" in line
+        # (each line labelled with its ranks' range, not its first rank alone: helper-188)
+        first = heat[0].ranks
+        assert heat[0].label == f"r{first[0]}-{first[-1]}" and f" {heat[0].label} " in line, line
         # waiting past hang_after is red; blocks of the waiting ranks against an empty lower half
         win = tl.window(tl.timeline_width())
         segs = paint_heat(tl.model, heat[0].ranks[:heat[0].upper], (), win)

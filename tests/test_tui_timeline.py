@@ -70,6 +70,38 @@ def test_selection_and_labels_on_wide_spans():
     assert "broadcast #1" in strip.text and strip.cell_length == 120
 
 
+def test_the_replay_cursor_is_not_drawn_over_a_row_s_note():
+    """A collapsed row's note ("4,088 ranks (0-2047,...") is written over the start of its
+    time: the cursor's line crossed its words ("4│088 ranks", helper-188).  Over the note
+    it is not drawn; past it, it is."""
+    b = TraceBuilder(4)
+    b.sync(0, T0 + 10 * MS, T0 + 60 * MS, "broadcast")
+    tl = timeline_for(b.sorted_events(), T0 + 100 * MS)
+    row = Row("g", "×4", (0, 1, 2, 3), note="4,088 ranks (0-2047,2049-4095): in all_reduce #4")
+    for at in (3, 20, 50, 90):
+        win = tl.window(100)._replace(cursor_ns=T0 + at * MS)
+        text = render_row(tl.model, row, win).text
+        assert f" {row.note} " in text, (at, text)
+        assert ("│" in text[GUTTER:]) == (at >= len(row.note) + 2), (at, text)
+
+
+@pytest.mark.parametrize("width", [80, 120, 200])
+def test_the_legend_shows_whole_items_those_saying_most_first(width):
+    """At 80 columns the legend was cut, its last items "slow" and "past hang_after" gone
+    ("██ slow   ██ ", helper-188): whole items only, the ones a hang needs first."""
+    from commscope.tui import palette
+
+    b = TraceBuilder(1)
+    b.sync(0, T0 + 10 * MS, T0 + 20 * MS, "all_reduce")
+    tl = timeline_for(b.sorted_events(), T0 + 100 * MS)
+    text = tl._legend(width).text
+    assert len(text) == width
+    names = [name for _, name in palette.LEGEND if f" {name}   " in text or text.rstrip().endswith(f" {name}")]
+    assert {"past hang_after", "slow", "collective", "p2p"} <= set(names), text
+    if width >= 200:
+        assert len(names) == len(palette.LEGEND), text
+
+
 def test_replay_cursor_hides_the_future():
     b = TraceBuilder(1)
     b.sync(0, T0 + 10 * MS, T0 + 20 * MS, "all_reduce")

@@ -59,7 +59,7 @@ class CommscopeApp(App):
         # (the timeline's and the rank table's keys, here so they work whichever pane has the focus;
         # first, so the footer says them before the rest as when they were the timeline's)
         Binding("c", "collapse", "Collapse"),
-        Binding("x", "filter_findings", "Findings only"),
+        Binding("x", "filter_findings", "Filter"),  # (its findings' ranks only: "Findings only" cut the footer)
         Binding("s", "cycle_sort", "Sort", show=False),
         Binding("question_mark", "help", "Help"),
         Binding("q", "quit", "Quit"),

@@ -81,9 +81,19 @@ class FindingsPanel(OptionList):
 
     def _fit_names(self, message: str) -> str:
         """A narrow list abbreviates op names too long for a line (all_gather_into_tensor ->
-        ag_tensor) rather than folding them mid-word; the detail pane keeps them whole."""
+        ag_tensor) rather than folding them mid-word, and breaks a list of ranks too long
+        for one after its commas ("(0-2049,2051-4" read as ranks 2051-4: helper-188); the
+        detail pane keeps them whole."""
         room = self.size.width - 4 if self.size.width else 10**6
-        return " ".join(abbreviate(w, room) if len(w) > room and "_" in w else w for w in message.split(" "))
+
+        def fit(w: str) -> str:
+            if len(w) <= room:
+                return w
+            if "_" in w:
+                return abbreviate(w, room)
+            return w.replace(",", ", ") if "," in w else w
+
+        return " ".join(fit(w) for w in message.split(" "))
 
     def keep_highlight(self, finding: Finding) -> None:
         """Highlight ``finding`` (the one the detail pane shows) without choosing it again."""

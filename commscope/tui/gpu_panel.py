@@ -64,7 +64,7 @@ class GpuPanel(ScrollView):
         self.refresh()
 
     def render_line(self, y: int) -> Strip:
-        width = self.size.width
+        width = self.scrollable_content_region.width or self.size.width  # (less a scrollbar's columns)
         ri = y + self.scroll_offset.y
         if ri == 0:
             if self.mode == "gpu":

@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
+from rich.cells import cell_len
 from rich.text import Text
 from textual.widgets import Static
 
@@ -10,9 +13,29 @@ from commscope.tui import palette
 from commscope.tui.feed import REPLAY, FeedInfo
 from commscope.tui.fmt import clock, duration, rate, size
 
+#: What a part of the header is worth keeping where the line is too narrow for all of it:
+#: ``ALWAYS`` (the counts, the mode and its clock or cursor, what keeps the trace from being
+#: read, falling behind), then the read's losses, then the job's name (cut, not dropped),
+#: then the world and backend, then the rest (rate, events) dropped first
+ALWAYS, LOSSES, NAME, WORLD, REST = range(5)
+#: The least of the job's name kept where it is cut (with its "…")
+NAME_MIN = 12
+
+
+class _Part(NamedTuple):
+    text: str
+    style: str
+    keep: int
+
 
 class StatusHeader(Static):
+    """One line whatever the width: where it does not fit, the least worth keeping goes
+    first (``_Part.keep``), and the job's name is cut with an ellipsis.  At 80 columns the
+    line was cut at its end: a replay's state, play or pause, speed and cursor went, and a
+    live clock was cut mid-value, the job's long name kept whole (helper-188)."""
+
     DEFAULT_CSS = "StatusHeader { height: 1; background: $panel; }"
+    _parts: tuple[_Part, ...] = ()
 
     def show(self, info: FeedInfo, *, job: str, world: int, backend: str, errors: int, warnings: int,
              cursor_ns: int | None = None, start_ns: int = 0, playing: bool = False, speed: float = 1.0,
@@ -20,57 +43,96 @@ class StatusHeader(Static):
         """``problem``: what keeps the trace from being read (shown in red, before anything
         else can be cut); ``untimed``: ops without a measured duration."""
         error = problem or info.error
-        t = Text(no_wrap=True, overflow="ellipsis")
-        t.append(" commscope ", style="bold white on #4f8fd6")
+        parts: list[_Part] = []
+
+        def add(text: str, style: str, keep: int = ALWAYS) -> None:
+            parts.append(_Part(text, style, keep))
+
+        add(" commscope ", "bold white on #4f8fd6")
         # the finding counts first: last, a long store path or an 80-column terminal cut them (helper-165)
-        t.append(f" ✖ {errors}", style="bold #e05050" if errors else "grey42")
-        t.append(f" ▲ {warnings} ", style="bold #e0a030" if warnings else "grey42")
-        t.append(f" {job or info.source} ", style="bold")
-        t.append(f"· {world} rank{'s' if world != 1 else ''} · {backend} ", style="grey70")
+        add(f" ✖ {errors}", "bold #e05050" if errors else "grey42")
+        add(f" ▲ {warnings} ", "bold #e0a030" if warnings else "grey42")
+        add(f" {job or info.source} ", "bold", NAME)
+        add(f"· {world} rank{'s' if world != 1 else ''} ", "grey70", WORLD)
+        add(f"· {backend} ", "grey70", REST)
         if info.mode == REPLAY:
-            t.append("· REPLAY ", style="bold #ffd75f")
+            add("· REPLAY ", "bold #ffd75f")
             if not info.loaded:
-                t.append(f"loading {info.progress * 100:.0f}% ", style="#ffd75f")
+                add(f"loading {info.progress * 100:.0f}% ", "#ffd75f")
             elif cursor_ns is not None:
-                t.append(f"{'▶' if playing else '❚❚'} x{speed:g} +{duration(cursor_ns - start_ns)} ", style="#ffd75f")
+                add(f"{'▶' if playing else '❚❚'} x{speed:g} +{duration(cursor_ns - start_ns)} ", "#ffd75f")
             if error:
-                t.append(f"· {error} ", style="bold #e05050")
+                add(f"· {error} ", "bold #e05050")
         else:
             if error:
-                t.append(f"· {error} ", style="bold #e05050")
+                add(f"· {error} ", "bold #e05050")
             elif info.waiting:
-                t.append("· waiting for the job… ", style="#e0a030")
+                add("· waiting for the job… ", "#e0a030")
             elif info.ended:
-                t.append("· ENDED ", style="bold grey62")
+                add("· ENDED ", "bold grey62")
             else:
-                t.append("· LIVE ", style="bold #3fa58f")
+                add("· LIVE ", "bold #3fa58f")
             if info.window:  # (a first window shorter than asked: attach's, ``feed.first_window``)
-                t.append(f"· {info.window} ", style="#e0a030")
+                add(f"· {info.window} ", "#e0a030", LOSSES)
             if info.now_ns:
-                t.append(f"{clock(info.now_ns)} ", style="grey62")
+                add(f"{clock(info.now_ns)} ", "grey62")
             if start_ns and info.now_ns:
-                t.append(f"(+{duration(info.now_ns - start_ns)}) ", style="grey50")
-            t.append(f"· {rate(info.rate)} ", style="grey70")
+                add(f"(+{duration(info.now_ns - start_ns)}) ", "grey50")
+            add(f"· {rate(info.rate)} ", "grey70", REST)
             if info.catching_up:
-                t.append("· catching up: judged once every rank is read ", style="bold #e0a030")
+                add("· catching up: judged once every rank is read ", "bold #e0a030")
             elif info.behind:
                 what = f"{info.lag_s:.0f} s behind" if info.lag_s >= 1 else f"{size(info.behind_bytes)} unread"
-                t.append(f"· falling behind ({what}) ", style="bold #e0a030")
+                add(f"· falling behind ({what}) ", "bold #e0a030")
         # (the job's own events; the foreign streams' apart, as ``check`` counts them)
-        t.append(f"· {info.events - info.foreign_events:,} events ", style="grey62")
+        add(f"· {info.events - info.foreign_events:,} events ", "grey62", REST)
         if info.foreign_events:
-            t.append(f"(+{info.foreign_events:,} foreign) ", style=palette.FOREIGN_STYLE)
+            add(f"(+{info.foreign_events:,} foreign) ", palette.FOREIGN_STYLE, REST)
         if info.trimmed:
-            t.append("· trimmed ", style="#e0a030")
+            add("· trimmed ", "#e0a030", LOSSES)
         if info.corrupt:
-            t.append(f"· {info.corrupt} damaged lines skipped ", style="#e0a030")
+            add(f"· {info.corrupt} damaged lines skipped ", "#e0a030", LOSSES)
         if info.invalid:
-            t.append(f"· {info.invalid} invalid events skipped ", style="#e0a030")
+            add(f"· {info.invalid} invalid events skipped ", "#e0a030", LOSSES)
         if info.reused:
-            t.append(f"· {info.reused} reused op ids ", style="#e0a030")
+            add(f"· {info.reused} reused op ids ", "#e0a030", LOSSES)
         if untimed:
-            t.append(f"· {untimed:,} ops without timings ", style="grey62")
+            add(f"· {untimed:,} ops without timings ", "grey62", REST)
         if info.warnings_total:  # (what the reader said: ``w`` shows it)
-            t.append(f"· {info.warnings_total:,} read warning{'s' if info.warnings_total != 1 else ''} (w)",
-                     style="#e0a030")
-        self.update(t)
+            add(f"· {info.warnings_total:,} read warning{'s' if info.warnings_total != 1 else ''} (w)", "#e0a030",
+                LOSSES)
+        self._parts = tuple(parts)
+        self.refresh()
+
+    def render(self) -> Text:
+        return line(self._parts, self.size.width)
+
+
+def line(parts: tuple[_Part, ...], width: int) -> Text:
+    """The header's parts in ``width`` columns (0: all of them): the least worth keeping
+    dropped first, the last first of those alike; then the job's name cut to fit."""
+    kept = list(parts)
+    over = sum(cell_len(p.text) for p in kept) - width if width > 0 else 0
+    for worth in (REST, WORLD):
+        for p in reversed([p for p in kept if p.keep == worth]):
+            if over <= 0:
+                break
+            kept.remove(p)
+            over -= cell_len(p.text)
+    if over > 0:
+        at = next((i for i, p in enumerate(kept) if p.keep == NAME), None)
+        if at is not None:
+            name = kept[at].text.strip()
+            room = max(NAME_MIN, cell_len(name) - over)
+            if room < cell_len(name):
+                over -= cell_len(name) - room
+                kept[at] = kept[at]._replace(text=f" {name[:room - 1]}… ")
+    for p in reversed([p for p in kept if p.keep == LOSSES]):
+        if over <= 0:
+            break
+        kept.remove(p)
+        over -= cell_len(p.text)
+    t = Text(no_wrap=True, overflow="ellipsis")
+    for p in kept:
+        t.append(p.text, style=p.style)
+    return t

@@ -29,6 +29,7 @@ from operator import attrgetter, is_
 from typing import Any, NamedTuple
 
 import numpy as np
+from rich.cells import cell_len
 from rich.segment import Segment
 from rich.style import Style
 from textual.strip import Strip
@@ -150,13 +151,15 @@ def render_row(m: ModelLike, row: Row, win: Window, *, kind: str = "unknown", fo
     else:
         segs = paint_group(m, row.painted_ranks(), win, cats, spans, None if levels is None else levels[0])
     strip = Strip(_gutter(row, kind, focused, flagged) + segs, width)
+    noted = 0  # (the cells the note covers: the cursor is not drawn over its words, helper-188)
     if row.note and w > 8:
         note = f" {row.note} "[:w - 2]
-        strip = Strip.join([strip.crop(0, GUTTER), Strip([Segment(note, _NOTE)], len(note)),
-                            strip.crop(GUTTER + len(note), width)])
+        noted = cell_len(note)
+        strip = Strip.join([strip.crop(0, GUTTER), Strip([Segment(note, _NOTE)], noted),
+                            strip.crop(GUTTER + noted, width)])
     if win.cursor_ns is not None:
         c = (win.cursor_ns - win.t0) // win.npc
-        if 0 <= c < w:
+        if noted <= c < w:
             x = GUTTER + int(c)
             strip = Strip.join([strip.crop(0, x), Strip([_CURSOR], 1),
                                 strip.crop(x + 1, width)])

@@ -19,7 +19,7 @@ _STEPS = [k * 10**e for e in range(2, 12) for k in (1, 2, 5)] + [10**12, 30 * _M
 
 def _tick(offset: int, step: int) -> str:
     """A tick label with just the precision the tick spacing needs: +1.5s, +250ms, +40µs,
-    +30min, +6h, +2d."""
+    +190.01ms, +30min, +6h, +2d."""
     sign = "+" if offset >= 0 else "-"
     x = abs(offset)
     for unit, size in (("d", _DAY), ("h", _HOUR), ("min", _MIN)):
@@ -27,13 +27,20 @@ def _tick(offset: int, step: int) -> str:
             return f"{sign}{x / size:.0f}{unit}" if x % size == 0 else f"{sign}{x / size:.1f}{unit}"
     if step >= 10**9:
         return f"{sign}{x / 1e9:.0f}s" if x % 10**9 == 0 else f"{sign}{x / 1e9:.1f}s"
-    if step >= 10**8:
-        return f"{sign}{x / 1e9:.1f}s"
-    if step >= 10**6:
-        return f"{sign}{x / 1e6:.0f}ms"
-    if step >= 10**3:
-        return f"{sign}{x / 1e3:.0f}µs"
-    return f"{sign}{x}ns"
+    # (in the step's unit, or a larger one where the time is a thousand of it, to the step's
+    # precision: zoomed in 190 ms from the start, a step of 10 µs read "+190000µs"; now
+    # "+190.01ms", helper-188)
+    k = 3 if step >= 10**8 else 2 if step >= 10**6 else 1 if step >= 10**3 else 0
+    while k < 3 and x >= 1000 * _UNITS[k][1]:
+        k += 1
+    unit, size = _UNITS[k]
+    places = 0
+    while size > step * 10**places and places < 9:
+        places += 1
+    return f"{sign}{x / size:.{places}f}{unit}"
+
+
+_UNITS = (("ns", 1), ("µs", 10**3), ("ms", 10**6), ("s", 10**9))
 
 
 class Ruler(Widget):

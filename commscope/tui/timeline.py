@@ -62,6 +62,8 @@ MAX_NPC = 3600 * 10**9  # (the painter's cell arithmetic is exact up to this: pa
 PIN_MIN_RANKS = 32
 #: A job of more ranks than this opens with its rows summarized by behaviour (``behaviours``)
 SUMMARY_MIN_RANKS = 64
+#: The legend's categories that say most, first where not all fit the width
+LEGEND_FIRST = (palette.ERROR, palette.WARN, palette.COLL, palette.P2P, palette.WAIT, palette.PENDING)
 
 
 def flagged_ranks(findings: Sequence[Finding], ranks: int) -> set[int]:
@@ -132,7 +134,10 @@ def heat_rows(ranks: list[int], lines: int) -> list[Row]:
     for i in range(0, len(blocks), 2):
         upper, lower = blocks[i], blocks[i + 1] if i + 1 < len(blocks) else ()
         last = (lower or upper)[-1]
-        rows.append(Row(f"h:{upper[0]}-{last}", f"r{upper[0]}", upper + lower,
+        # (labelled with its ranks' range, as a block's: "r2" read as rank 2 alone, where the
+        # line held ranks 2 and 3, the culprit 3; helper-188)
+        rows.append(Row(f"h:{upper[0]}-{last}", f"r{upper[0]}" if last == upper[0] else f"r{upper[0]}-{last}",
+                        upper + lower,
                         "" if i else f"{per} rank{'s' if per > 1 else ''} a half-cell", len(upper)))
     return rows
 
@@ -214,21 +219,30 @@ class Timeline(ScrollView, can_focus=True):
     """Rows of ranks against time.  ``feed`` provides ``view``, the model as of its last
     batch, which this widget reads without a lock (painting: ``paint_rank``, ``render_row``)."""
 
+    # (none in the footer: at 80 columns its zoom and follow keys cut "? Help" and hid the quit,
+    # next-error and panel keys, helper-188; ? lists them)
     BINDINGS = [
         Binding("left", "select_prev", "Prev op", show=False),
         Binding("right", "select_next", "Next op", show=False),
         Binding("up", "row_up", "Rank up", show=False),
         Binding("down", "row_down", "Rank down", show=False),
-        Binding("plus,equals_sign,i", "zoom_in", "Zoom in"),
-        Binding("minus,o", "zoom_out", "Zoom out"),
+        Binding("plus,equals_sign,i", "zoom_in", "Zoom in", show=False),
+        Binding("minus,o", "zoom_out", "Zoom out", show=False),
         Binding("h,shift+left", "pan_left", "Pan ←", show=False),
         Binding("l,shift+right", "pan_right", "Pan →", show=False),
-        Binding("f", "follow", "Follow"),
+        Binding("f", "follow", "Follow", show=False),
         Binding("enter", "open_op", "Op detail", show=False),
+        # (the replay's start and end, as the help says, whether or not its rows scroll: a
+        # scroll view takes them where it can scroll, and at 4,096 ranks they scrolled the rows
+        # and left the cursor, helper-188)
+        Binding("home", "app.jump_start", "Start", show=False),
+        Binding("end", "app.jump_end", "End", show=False),
     ]
 
+    # (never a horizontal scrollbar: time pans by keys; shrunk from 200 columns, a stale one took
+    # the legend's line, helper-188)
     DEFAULT_CSS = """
-    Timeline { height: 1fr; }
+    Timeline { height: 1fr; overflow-x: hidden; }
     """
     FAST_OVERVIEW = True  # the overview path (bench tui compares it with the detailed one)
     SPAN_INDEX = True  # the overview painted from span indexes (bench tui compares it with painting from the ops)
@@ -378,8 +392,14 @@ class Timeline(ScrollView, can_focus=True):
         self.pinned_rows = len(pinned)
         self._rows_token = (m, self.mode, *token[2:])  # (the mode as it is now: a large job's first rows switch it)
         if rows != self.rows:  # (a behaviour row keeps its key while its ranks change)
+            focused = self._row_rank()
+            if self.sel is not None and self.rows and self.sel[0] in self.rows[min(self.sel_row, len(self.rows) - 1)].ranks:
+                focused = self.sel[0]  # (the selected op's, where its row holds many: a block, a host)
             self.rows = rows
-            self.sel_row = min(self.sel_row, max(0, len(rows) - 1))
+            # (the focused row's rank keeps the focus: after ``c`` the row at its old index held
+            # other ranks, and ← went to rank 0's op, helper-188)
+            self.sel_row = next((i for i, row in enumerate(rows) if focused in row.ranks),
+                                min(self.sel_row, max(0, len(rows) - 1)))
             self._cache.clear()
             self.set_flagged(self.flagged)
         self.virtual_size = Size(self.size.width, len(self.rows))
@@ -634,8 +654,18 @@ class Timeline(ScrollView, can_focus=True):
             for colour, name in palette.HEAT_LEGEND:
                 segs += [Segment("██", Style(color=colour)), Segment(f" {name}  ", _GREY)]  # (80 columns: all of it)
             return Strip(segs).crop_extend(0, width, None)
+        # (whole items only, those that say most first where not all fit: at 80 columns "slow"
+        # and "past hang_after" went, cut, helper-188; shown in the legend's order)
+        room = width - GUTTER
+        shown = set()
+        for cat, name in sorted(palette.LEGEND, key=lambda item: LEGEND_FIRST.index(item[0])
+                                if item[0] in LEGEND_FIRST else len(LEGEND_FIRST)):
+            if len(name) + 6 <= room:
+                shown.add(cat)
+                room -= len(name) + 6
         for cat, name in palette.LEGEND:
-            segs += [Segment(palette.GLYPH[cat] * 2, palette.STYLE[cat]), Segment(f" {name}   ", _GREY)]
+            if cat in shown:
+                segs += [Segment(palette.GLYPH[cat] * 2, palette.STYLE[cat]), Segment(f" {name}   ", _GREY)]
         # padded to the full width: a shorter line leaves what the terminal showed there before
         return Strip(segs).crop_extend(0, width, None)
 
@@ -862,7 +892,15 @@ class Timeline(ScrollView, can_focus=True):
         if self.mode == "heat":
             self.rebuild_rows()
         self.virtual_size = Size(self.size.width, len(self.rows))
+        was, self._width_seen = self._width_seen, self.timeline_width()
+        if self._placed and was and was != self._width_seen:
+            # (the same time in view, its cells narrower or wider: shrunk from 200 to 80 columns the
+            # view kept its scale, and the trace's end and the replay cursor went off it, helper-188)
+            self.npc = _clamp(-(-was * self.npc // self._width_seen))
+            self.post_message(self.ViewChanged())
         self.ensure_placed()
+
+    _width_seen = 0  # (the timeline's width at the last resize: ``on_resize`` keeps the time in view)
 
 
 class _StatesAsOf(Mapping[int, RankState]):
