@@ -72,6 +72,103 @@ def errors(findings):
 
 
 # ---------------------------------------------------------------------- text rules
+def test_a_ring_of_batch_isend_irecv_with_a_recv_never_posted_names_its_rank_after_the_timeouts():
+    """A ring of batch_isend_irecv in which rank 1 posts no recv from rank 0: rank 0's isend
+    waits, ranks 1-3 go on into all_reduce #4; Gloo's timeouts end both and every rank
+    crashes.  Live, an unmatched_p2p on rank 1; after, "ranks 0, 1 crashed together", rank 0
+    a victim: the all_reduce's timeout was blamed on rank 0, which had not entered it, its
+    isend's failure not seen as what held it (its irecv, begun after, not failed; helper-186).
+    Rank 1 alone."""
+    b = TraceBuilder(4)
+    t = b.warmup()
+    sends = {}
+    for r in range(4):
+        c = b.begin(r, t, "batch_isend_irecv", seq=None)
+        sends[r] = b.begin(r, t + 100, "isend", peer=(r + 1) % 4, dir="send", parent=c, **{"async": True})
+        recv = b.begin(r, t + 200, "irecv", peer=(r - 1) % 4, dir="recv", parent=c, **{"async": True}) \
+            if r != 1 else None
+        b.end(r, c, t + 400)
+        b.phase(r, sends[r], t + 500, "wait_begin")
+        if r != 0:  # (rank 0's send waits for the recv rank 1 never posts)
+            b.end(r, sends[r], t + MS)
+            if recv is not None:
+                b.end(r, recv, t + MS)
+    ids = {r: b.begin(r, t + 2 * MS + r * 100, "all_reduce") for r in (1, 2, 3)}
+    b.heartbeats(b.t0, t + 10 * S)
+    b.end(0, sends[0], t + 10 * S, exc=TIMED_OUT.replace("recv", "send"))
+    for r in (1, 2, 3):
+        b.end(r, ids[r], t + 10 * S + 2 * MS + r * 100, exc=TIMED_OUT)
+    for r in range(4):
+        b.exit(r, t + 10 * S + 10 * MS + r * MS, reason="exception",
+               exc=TIMED_OUT.replace("recv", "send") if r == 0 else TIMED_OUT)
+    _, f = replay(b, {1}, hang_after=3.0)
+    assert [x.culprits for x in f if x.severity == "error"] == [[1]], [x.to_json()["message"] for x in f]
+
+
+def test_a_failure_blamed_on_a_rank_held_in_a_failure_nobody_is_to_blame_for_is_its_consequence():
+    """Rank 1 posts an isend to rank 0 and never waits for it (torch may drop its message),
+    then waits in a barrier; rank 0's recv from rank 1 times out though rank 1 posted (no
+    rank to blame), and the barrier's timeout is blamed on rank 0, held in that recv.  The
+    barrier's failure stood as a second error naming nobody, its message "blamed on rank 0"
+    (helper-186).  One error: the recv's, the barrier's its consequence."""
+    b = TraceBuilder(2)
+    t = b.warmup()
+    b.async_op(1, t, None, None, "isend", peer=0, dir="send")
+    r = b.begin(0, t + MS, "recv", peer=1, dir="recv")
+    k = b.begin(1, t + 2 * MS, "barrier")
+    b.heartbeats(b.t0, t + 10 * S)
+    b.end(0, r, t + 10 * S, exc=TIMED_OUT)
+    b.end(1, k, t + 10 * S + 2 * MS, exc=TIMED_OUT)
+    for rank in range(2):
+        b.exit(rank, t + 10 * S + 10 * MS + rank * MS, reason="exception", exc=TIMED_OUT)
+    _, f = replay(b, {0, 1}, hang_after=3.0)
+    got = [x for x in f if x.severity == "error"]
+    assert len(got) == 1 and got[0].kind == "op_failed" and got[0].op == "recv", [x.to_json()["message"] for x in f]
+    assert ("op_failed", "barrier") in [(c["kind"], c["op"]) for c in got[0].evidence["consequences"]]
+
+
+def test_a_crash_is_said_to_be_in_the_op_that_raised_not_an_async_op_not_waited_for():
+    """Rank 0 posts an irecv from rank 1 and, not waiting for it, blocks in all_reduce #4,
+    which fails as rank 1 raises on its own: rank 0's crash was "in irecv #1 from 1 ...
+    (inside all_reduce)" (helper-186).  It crashed in all_reduce #4."""
+    b = TraceBuilder(2)
+    t = b.warmup()
+    b.async_op(0, t, None, None, "irecv", peer=1, dir="recv")
+    i = b.begin(0, t + MS, "all_reduce")
+    b.exit(1, t + 2 * S, reason="exception", exc="ValueError: bad batch")
+    b.end(0, i, t + 2 * S + MS, exc=CLOSED)
+    b.exit(0, t + 2 * S + 5 * MS, reason="exception", exc=CLOSED)
+    b.heartbeats(b.t0, t + 2 * S)
+    _, f = replay(b, {1}, hang_after=3.0)
+    assert errors(f) == [("rank_crashed", [1])], [x.to_json()["message"] for x in f]
+    crash = next(c for c in f[0].evidence["consequences"] if c["kind"] == "rank_crashed")
+    assert crash["message"].startswith("rank 0 crashed in all_reduce #4 (group 0)"), crash["message"]
+
+
+def test_an_exception_raised_from_another_says_both_and_its_first_words():
+    """torch's pipelining raises ``RuntimeError("\\n   [Stage 1] failed to run forward ...")``
+    from the stage's own error: a crash said "RuntimeError: ," (its first line, the type
+    alone) and nothing of the cause (helper-186).  The type's line joins the next; the cause
+    is said on a last line."""
+    from commscope.analysis.errors import first_line
+    from commscope.record.ops import fmt_exc
+
+    def stage():
+        raise ValueError("stage 1: shape bug")
+
+    try:
+        try:
+            stage()
+        except ValueError as e:
+            raise RuntimeError("\n            [Stage 1] failed to run forward:\n            args: ()\n") from e
+    except RuntimeError as e:
+        said = fmt_exc(e)
+    assert said.endswith("\n(raised from ValueError: stage 1: shape bug)"), said
+    assert first_line(said) == "RuntimeError: [Stage 1] failed to run forward:"
+    assert first_line("RuntimeError: [../pair.cc:537] Read error") == "RuntimeError: Read error"
+    assert fmt_exc(ValueError("plain")) == "ValueError: plain"
+
+
 def test_exception_texts_are_classified():
     assert classify(CLOSED).kind == PEER_GONE and classify(RESET).kind == PEER_GONE
     assert classify(TIMED_OUT).kind == TIMEOUT
@@ -1231,6 +1328,45 @@ def test_a_collective_called_on_the_wrong_group_names_its_rank_not_the_one_it_wa
             ("missing_ranks", "pair", [1])]
     else:
         assert sorted(errors(f)) == [("missing_ranks", [0]), ("missing_ranks", [1])]
+
+
+@pytest.mark.parametrize("timed_out", [False, True])
+def test_a_rank_that_skipped_a_step_of_a_2d_mesh_is_named_alone(timed_out):
+    """tp groups {0,1}, {2,3} and dp groups {0,2}, {1,3}: rank 3 skips a step's two
+    all_reduces and waits in the world's barrier; rank 2 waits in tp {2,3} for it, rank 0 in
+    dp {0,2} for rank 2, rank 1 in dp {1,3} for rank 3.  The groups' hangs tie, and the
+    finding named ranks 2 and 3, rank 2 a victim waiting in a hang the finding holds
+    (helper-186, live: a hand-made mesh and DTensor's alike).  Rank 3 alone: a tied hang
+    whose absentees wait in another tied hang is its consequence."""
+    b = TraceBuilder(4)
+    groups = {"tp0": [0, 1], "tp1": [2, 3], "dp0": [0, 2], "dp1": [1, 3]}
+    for name, granks in groups.items():
+        b.group(name, granks)
+    t = b.warmup()
+    for _ in range(2):
+        for name in groups:
+            t = b.collective(t, "all_reduce", name) + MS
+    for name in ("tp0", "tp1", "dp0", "dp1"):  # (step 3: rank 3 skips it)
+        t = b.collective(t, "all_reduce", name, ranks=[r for r in groups[name] if r != 3]) + MS \
+            if 3 not in groups[name] else t
+    t = b.collective(t, "all_reduce", "tp0") + MS  # (step 4: ranks 0 and 1 through tp0)
+    ids = {0: b.begin(0, t, "all_reduce", group="dp0"), 1: b.begin(1, t, "all_reduce", group="dp1"),
+           2: b.begin(2, t, "all_reduce", group="tp1"), 3: b.begin(3, t, "barrier")}
+    b.heartbeats(b.t0, t + 12 * S)
+    if timed_out:  # (Gloo's: rank 3's barrier times out, and it crashes; ranks 2 and 1 crash of its going)
+        b.end(3, ids[3], t + 10 * S, exc=TIMED_OUT)
+        b.exit(3, t + 10 * S + 5 * MS, reason="exception", exc=TIMED_OUT)
+        for r, at in ((2, 10), (1, 12)):
+            b.end(r, ids[r], t + 10 * S + at * MS, exc=CLOSED)
+            b.exit(r, t + 10 * S + (at + 5) * MS, reason="exception", exc=CLOSED)
+    _, f = replay(b, {3}, hang_after=3.0)
+    if timed_out:
+        assert errors(f) == [("op_failed", [3])], [x.to_json()["message"] for x in f]
+        assert sum(c["kind"] == "rank_crashed" for c in f[0].evidence["consequences"]) == 3
+        return
+    assert errors(f) == [("missing_ranks", [3])], [x.to_json()["message"] for x in f]
+    assert {c["group"] for c in f[0].evidence["consequences"]} | {f[0].group} == {"0", "dp0", "dp1", "tp1"}
+    assert f[0].message.startswith("rank 3 is in another group's collective while 2 groups wait for it; first: ")
 
 
 @pytest.mark.parametrize("ended", ["crashed", "caught", "both_timed_out"])

@@ -72,7 +72,12 @@ def classify(text: str) -> ExcKind:
 
 
 def first_line(text: str, limit: int = 160) -> str:
-    """An exception's first line, without the C++ source location Gloo prefixes."""
-    line = next((x for x in str(text).splitlines() if x.strip()), "")
+    """An exception's first line, without the C++ source location Gloo prefixes; where it
+    is its type alone ("RuntimeError: ", its message on the lines below: torch's
+    pipelining), the next line joined to it (helper-186: a crash said "RuntimeError: ,")."""
+    lines = [x.strip() for x in str(text).splitlines() if x.strip()]
+    line = lines[0] if lines else ""
+    if len(lines) > 1 and re.fullmatch(r"[\w.]+:", line):
+        line = f"{line} {lines[1]}"
     line = re.sub(r"\[[^\]]*\.(cc|cpp|h):\d+\]\s*", "", line)
     return line if len(line) <= limit else line[: limit - 1] + "…"

@@ -310,11 +310,17 @@ def held_by_peer(model: TraceModel, m: int, t: int, came: set[int] | frozenset[i
         return None
     held = rankstate.blocked_at(model, m, t)
     if not held:
+        # (the op that failed last by then, where it began nothing after: of a batch_isend_irecv,
+        # the isend that timed out, its irecv begun after it and never done; the last op begun,
+        # the irecv, had not failed, and rank 0 was blamed for the all_reduce it never reached:
+        # helper-186)
         last = rankstate.last_op_before(model, m, t)
-        if last is None or last not in rt.exc or model.failed_ns(m, last) > t or \
-                model.exc_kind(m, last).kind not in (TIMEOUT, PEER_GONE):
+        failed = max((i for i in rt.exc if model.failed_ns(m, i) <= t), key=lambda i: model.failed_ns(m, i),
+                     default=None)
+        if failed is None or (last is not None and int(rt.begin[last]) > model.failed_ns(m, failed)) or \
+                model.exc_kind(m, failed).kind not in (TIMEOUT, PEER_GONE):
             return None  # (an op that raised on its own rank: its own doing, no wait)
-        held = [last]
+        held = [failed]
     for i in held:
         s = model.sig_of(m, i)
         peer = int(rt.peer[i])
@@ -511,11 +517,16 @@ def find_crashes(model: TraceModel, now: int, failures: list[Failure]) -> list[F
             if rt.exc[i] == ex.get("exc") or i == last or (last is not None and rt.parent[last] == i):
                 cause = blame_of.get((r, i))
         act = activity(model, r, now)
-        inflight = [i for i in model.inflight(r)] or ([failed[-1]] if cause is not None else [])
+        # (where it crashed: in the op whose failure it crashed of, else the last blocking op in
+        # flight, not an async op it posted and had not waited for: "crashed in irecv #1 ...
+        # (inside all_reduce)" where all_reduce #2 raised, helper-186)
+        pending = model.inflight(r)
+        blocking = [i for i in pending if not model.sig_of(r, i).is_async]
+        at_op = failed[-1] if cause is not None else (blocking or pending or [None])[-1]
         what = crash_cause(ex)
-        if inflight:
-            act["in_op"] = op_brief(model, r, inflight[-1], now)
-            where = f"in {model.label(r, inflight[-1])}"
+        if at_op is not None:
+            act["in_op"] = op_brief(model, r, at_op, now)
+            where = f"in {model.label(r, at_op)}"
         elif act.get("last_completed_op"):
             where = f"after {model.label(r, model.op_index(r, act['last_completed_op']['id']))}"
         else:

@@ -230,11 +230,23 @@ def resolve(model: TraceModel, findings: list[Finding], now: int,
     stuck = {f.culprits[0]: f for f in roots
              if f.kind == "unmatched_p2p" and f.evidence.get("no_such_peer") is not None}
 
+    unblamed = [t for t in roots if t.kind == "op_failed" and not t.culprits]  # (few: a lost message's)
+
+    def blameless(f: Finding) -> Finding | None:
+        """The failure no rank is to blame for that ``f``'s ranks waited in: the barrier
+        blamed on rank 0, held in a recv whose message was lost, stood beside it naming
+        nobody, its message "blamed on rank 0" (helper-186)."""
+        if f.kind in DEPARTED:  # (a departure is its own, and names its rank)
+            return None
+        return next((t for t in unblamed if t is not f and f.culprits and set(f.culprits) <= t.victims.keys()),
+                    None)
+
     def home(f: Finding, want: set[int] | None) -> Finding | None:
         if want is None:  # waiting for its blame: belongs with the failure that will give it
-            return next((t for t in roots if t is not f and set(t.instances) & set(f.instances)), None)
+            return next((t for t in roots if t is not f and set(t.instances) & set(f.instances)), None) or \
+                blameless(f)
         if not want:
-            return None
+            return blameless(f)
         return next((t for t in roots if t is not f and want <= set(t.culprits)), None) or \
             next((t for t in roots if t is not f and t.kind in DEPARTED and set(t.culprits) & want), None)
 
@@ -476,6 +488,7 @@ def _crossed(model: TraceModel, errors: list[Finding]) -> list[Finding]:
         return sorted({j for c in culprits[k] for j in waiting_in.get(c, ()) if group[j] != group[k]
                        and (fired[k] is None or (_entered(model, nodes[j][0], c) or fired[k]) <= fired[k])})
 
+    elsewhere = {v for f in errors if not _hang_like(f) for v in f.victims}  # (waiting, but in no node)
     folded: set[int] = set()
     crashes: dict[tuple, list[Finding]] | None = None  # an instance -> the crashes in it
     for part in strongly_connected(range(len(nodes)), held):
@@ -489,21 +502,31 @@ def _crossed(model: TraceModel, errors: list[Finding]) -> list[Finding]:
                  for g, ks in of_group.items()}
         best = max(score.values())
         chosen = sorted(k for k in part if score[group[k]] == best)  # (in the errors' order)
-        others = [k for k in part if score[group[k]] != best]
-        waits = {v for k in chosen for v in victims[k]}
+        # (of those, one whose absentees all wait in another of them is its consequence: rank 3
+        # skipped a step of a 2-d mesh, rank 2 waits for it in tp {2,3}, rank 0 for rank 2 in dp
+        # {0,2}; the tie named rank 2 too, helper-186.  Where each waits in another, all stand.)
+        waited = {v: k for k in chosen for v in victims[k]}
+        held_in = [k for k in chosen if all(waited.get(c, k) != k for c in culprits[k])]
+        waits = set(waited)  # (the demoted's waiters too: they wait, through them, on the rest)
+        if held_in and len(held_in) < len(chosen):
+            chosen = [k for k in chosen if k not in held_in]
+        others = [k for k in part if k not in chosen]
         # (a consequence's absentee the root does not hold may be another hang's, outside the
-        # cycle: an idle rank 4 whose group waits for it; helper-184: the cycle was skipped)
+        # cycle: an idle rank 4 whose group waits for it; helper-184: the cycle was skipped; or
+        # wait elsewhere, as a rank that crashed of a failure blamed on the root's: helper-186)
         inner = set(part)
-        if not others or any(not (c in waits or any(j not in inner for j in named_by(c)))
+        if not others or any(not (c in waits or c in elsewhere or any(j not in inner for j in named_by(c)))
                              for k in others for c in culprits[k]):
             continue
         root, *more = (f for k in chosen for f in nodes[k])
         then = [f for k in others for f in nodes[k]]
         if more:
             blamed = sorted({c for f in (root, *more) for c in f.culprits})
-            if len(waited := {group[k] for k in chosen}) > 1:
-                root.message = (f"{ranks_text(blamed)} are each in another group's collective while "
-                                f"{len(waited)} groups wait for them; first: {root.message}")
+            if len(waiting := {group[k] for k in chosen}) > 1:
+                root.message = (f"{ranks_text(blamed)} is in another group's collective while {len(waiting)} groups "
+                                f"wait for it; first: {root.message}" if len(blamed) == 1 else
+                                f"{ranks_text(blamed)} are each in another group's collective while "
+                                f"{len(waiting)} groups wait for them; first: {root.message}")
             _absorb(root, *more)
             root.culprits = blamed
         if crashes is None:  # (indexed once: a cycle per 8-rank group of 4,096 ranks)

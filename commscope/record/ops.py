@@ -283,7 +283,16 @@ def begin_fields(name: str, group: str, peer: Any, direction: str | None, root: 
 
 
 def fmt_exc(exc: BaseException) -> str:
-    """``Type: message`` of an exception, redacted: its message may quote a credential."""
+    """``Type: message`` of an exception, redacted: its message may quote a credential;
+    then, on a last line, what it was raised from where it says (``raise ... from``, or
+    raised while handling another): torch's pipelining said only "RuntimeError: [Stage 1]
+    failed to run forward", the stage's own error in its cause (helper-186)."""
+    said = _said(exc)
+    cause = exc.__cause__ if exc.__cause__ is not None else None if exc.__suppress_context__ else exc.__context__
+    return said + (f"\n(raised from {_said(cause)})" if cause is not None else "")
+
+
+def _said(exc: BaseException) -> str:
     try:
         text = str(exc)
     except Exception:  # a broken __str__ must not break the op that raised
