@@ -580,6 +580,23 @@ def test_ctrl_c_on_a_rank_between_ops_while_its_peers_wait_is_a_stop_not_a_missi
     assert errors(f) == ([] if noted else [("missing_ranks", [1])]), [x.to_json() for x in f]
 
 
+def test_a_rank_ctrl_c_stopped_long_after_its_peers_began_waiting_is_said_stopped():
+    """Rank 2, stuck outside any op (native code holding the GIL) while ranks 0 and 1 wait
+    past hang_after, then stopped by Ctrl-C: its finding said "rank 2 has exited (atexit)"
+    (helper-186); it says the signal that stopped it."""
+    b = TraceBuilder(3)
+    t = b.warmup()
+    for r in (0, 1):
+        b.begin(r, t, "all_reduce")
+    b.heartbeats(b.t0, t + 8 * S)
+    b.add(2, t + 8 * S + MS, "exit", reason="atexit", stop_signal="Interrupt", stop_ts=t + 8 * S)
+    for r in (0, 1):
+        b.add(r, t + 8 * S + 20 * MS, "exit", reason="signal", signal="Terminated", src="spool")
+    _, f = replay(b, {2}, hang_after=3.0)
+    assert errors(f) == [("missing_ranks", [2])], [x.to_json()["message"] for x in f]
+    assert "rank 2 has exited (stopped by SIGINT (Interrupt))" in f[0].message, f[0].message
+
+
 def test_a_varlen_op_every_rank_refused_together_is_blamed_on_the_rank_it_names():
     """Rank 1 alone passed float64 to all_gather_v: every rank raises the toolkit's ValueError
     naming it; the op_failed names rank 1 alone, the others its victims.  Before, each rank

@@ -173,18 +173,58 @@ def test_gather_root_and_varlen_shapes_are_not_mismatches():
 def test_an_exchange_whose_split_sizes_disagree_is_a_mismatch_naming_the_odd_rank(op):
     """Rank 1 expects 3 elements from rank 0, which sends 2: the ranks sent 128 bytes in
     all and received 132.  Gloo runs it without a word and the job goes on with a garbage
-    element; check said nothing (helper-182).  A collective_mismatch naming rank 1, whose
-    bytes in and out differ from the majority's; uneven splits that agree are no mismatch."""
+    element; check said nothing (helper-182).  A collective_mismatch naming every rank (the
+    splits are not recorded: which rank's are wrong is not known; named by the majority of
+    bytes in and out, a rank that did right was named, helper-189), saying rank 1's totals
+    stand apart; uneven splits that agree are no mismatch."""
     b = TraceBuilder(4)
     t = b.warmup()
     for r in range(4):
         b.sync(r, t, t + MS, op, shape=(8,), **({"out_shapes": [[9]], "out_bytes": 36} if r == 1 else {}))
         b.sync(r, t + 2 * MS, t + 3 * MS, op, shape=(2 + r,), out_shapes=[[5 - r]], out_bytes=4 * (5 - r))
     _, f = run(b)
-    assert [(x.kind, x.culprits, x.seq) for x in f] == [("collective_mismatch", [1], 4)], [x.message for x in f]
+    assert [(x.kind, x.culprits, x.seq) for x in f] == [("collective_mismatch", [0, 1, 2, 3], 4)], [x.message for x in f]
     assert f[0].evidence["differs"] == ["split sizes"]
     assert f"{op} sent 128 B in all and received 132 B" in f[0].message
     assert "rank 1: sent 32 B, received 36 B" in f[0].message
+    assert "every rank is named (rank(s) 1 sent or received other than the rest)" in f[0].message
+
+
+def test_an_uneven_exchange_with_one_wrong_split_names_no_rank_alone():
+    """Ranks 0-2 send one element to each rank, rank 3 sends [1, 1, 2, 0] and wrongly expects
+    one from itself: the totals (in, out) are (4, 4), (4, 4), (4, 5), (4, 4), and a majority
+    of them named rank 2 alone, which did right (helper-189).  Every rank is named."""
+    b = TraceBuilder(4)
+    t = b.warmup()
+    outs = {0: 4, 1: 4, 2: 5, 3: 4}
+    for r in range(4):
+        b.sync(r, t, t + MS, "all_to_all_single", shape=(4,), out_shapes=[[outs[r]]], out_bytes=4 * outs[r])
+    _, f = run(b)
+    assert [(x.kind, x.culprits) for x in f] == [("collective_mismatch", [0, 1, 2, 3])], [x.message for x in f]
+
+
+def test_flight_recorder_dumps_missing_a_rank_s_are_no_split_mismatch():
+    """Rank 3 never dumped: the MoE all_to_all every rank ran (uneven splits, conserved over
+    the four) summed over the three that dumped read as unconserved, a collective_mismatch
+    over a healthy exchange (helper-189).  A Flight Recorder's exchanges are not judged so."""
+    from commscope.analysis.flight_import import dumps_to_events
+
+    send = [[1, 2, 3, 4], [1, 1, 1, 1], [2, 2, 2, 2], [0, 0, 0, 9]]
+    outs = [sum(send[i][j] for i in range(4)) for j in range(4)]
+
+    def entry(rid, name, seq, ins, out):
+        return {"record_id": rid, "pg_id": 0, "process_group": ("0", "default_pg"), "collective_seq_id": seq,
+                "p2p_seq_id": 0, "op_id": rid, "profiling_name": name, "time_created_ns": 10**18 + rid * 10**6,
+                "input_sizes": [[ins, 8]], "input_dtypes": ["Float"], "output_sizes": [[out, 8]],
+                "output_dtypes": ["Float"], "state": "completed", "time_discovered_started_ns": None,
+                "time_discovered_completed_ns": 10**18 + rid * 10**6 + 500, "retired": True, "is_p2p": False,
+                "frames": [{"name": "step", "filename": "train.py", "line": 7}]}
+
+    dumps = {r: {"version": "2.10", "entries": [entry(0, "nccl:all_reduce", 1, 4, 4),
+                                                entry(1, "nccl:all_to_all", 2, sum(send[r]), outs[r])]}
+             for r in range(3)}
+    m = TraceModel.from_events(dumps_to_events(dumps, {r: 10**18 + 60 * 10**9 for r in range(3)}))
+    assert "collective_mismatch" not in kinds(diagnose(m, hang_after=5))
 
 
 def test_an_exchange_of_two_ranks_whose_splits_disagree_names_both():
@@ -195,7 +235,31 @@ def test_an_exchange_of_two_ranks_whose_splits_disagree_names_both():
         b.sync(r, t, t + MS, "all_to_all_single", shape=(8,), **({"out_shapes": [[9]], "out_bytes": 36} if r else {}))
     _, f = run(b)
     assert [(x.kind, x.culprits) for x in f] == [("collective_mismatch", [0, 1])], [x.message for x in f]
-    assert "tie, so every rank is named" in f[0].message
+    assert "the splits are not recorded, so every rank is named" in f[0].message
+
+
+@pytest.mark.parametrize("case", ["order", "skip"])
+def test_ranks_that_disagree_on_a_group_s_members_are_a_mismatch(case):
+    """Even ranks call new_group([0, 1]) then new_group([2, 3]), odd ranks the other way round
+    ("order"), or rank 3 skips new_group([0, 1]) ("skip"): torch names groups by the order
+    they were made, so group 1 is [0, 1] to some ranks and [2, 3] to others, and its
+    collectives pair rank 0 with rank 3: wrong results, check exit 0 (helper-186).  A
+    collective_mismatch per group whose members its ranks state differently, naming those
+    that differ from most (all of them on a tie)."""
+    b = TraceBuilder(4)
+    t = b.warmup()
+    said = {"order": {0: ("1", [0, 1]), 3: ("1", [2, 3]), 1: ("2", [0, 1]), 2: ("2", [2, 3])},
+            "skip": {0: ("1", [0, 1]), 1: ("1", [0, 1]), 3: ("1", [2, 3]), 2: ("2", [2, 3])}}[case]
+    for r, (name, members) in said.items():
+        b.add(r, t, "group", group=name, granks=members, backend="gloo")
+        b.sync(r, t + MS, t + 2 * MS, "all_reduce", group=name)
+    _, f = run(b)
+    got = sorted((x.kind, x.group, x.culprits) for x in f if x.severity == "error")
+    if case == "order":
+        assert got == [("collective_mismatch", "1", [0, 3]), ("collective_mismatch", "2", [1, 2])], [x.message for x in f]
+    else:
+        assert got == [("collective_mismatch", "1", [3])], [x.message for x in f]
+        assert "ranks 0, 1: [0, 1]; rank 3: [2, 3]" in next(x.message for x in f if x.group == "1")
 
 
 def test_p2p_deadlock_cycle():

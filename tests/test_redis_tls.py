@@ -191,3 +191,32 @@ def test_a_tls_setting_no_retry_mends_is_refused_before_the_job_runs(tls_server,
                            f"open({str(marker)!r}, 'w')"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "not trusted" in done.stderr, done.stdout + done.stderr
     assert not marker.exists()
+
+
+@pytest.mark.parametrize(("code", "refused"), [(9, False), (10, False), (19, True), (62, True)])
+def test_a_certificate_not_valid_now_is_left_to_the_ranks_to_retry(code, refused, monkeypatch):
+    """A certificate not yet valid (just rotated, or this host's clock behind) or expired
+    passes with time: refused before the job, it stopped a run the ranks' retries would have
+    mended (helper-189).  One its CA does not vouch for, or that names another host, is
+    refused; each says what it is."""
+    import ssl
+
+    from commscope.store.resp import Connection, RedisTLSRefused
+
+    given = parse_url("rediss://127.0.0.1:1/0")
+    conn = Connection(given, given.display())
+    exc = ssl.SSLCertVerificationError(1, "certificate verify failed")
+    exc.verify_code = code
+    exc.verify_message = {9: "certificate is not yet valid", 10: "certificate has expired",
+                          19: "self-signed certificate in certificate chain",
+                          62: "Hostname mismatch, certificate is not valid for '127.0.0.1'."}[code]
+
+    def fail():
+        raise exc
+
+    monkeypatch.setattr(conn, "_socket", fail)
+    with pytest.raises(StoreError) as got:
+        conn.connect()
+    assert isinstance(got.value, RedisTLSRefused) == refused, got.value
+    said = str(got.value)
+    assert ("is not valid now" in said) == (not refused) and ("ssl_ca_certs=FILE" in said) == (code == 19), said

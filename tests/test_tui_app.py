@@ -1269,6 +1269,15 @@ def test_an_80_column_header_keeps_the_mode_and_its_clock_and_cuts_the_job_s_nam
     assert len(live) <= 80 and "· LIVE " in live and live.rstrip().endswith("(+12.4 s)"), live
     assert long[:20] in live and "…" in live and "events" not in live, live
     assert "4096 ranks" in str(line(bar._parts, 200)) and "123,456 events" in str(line(bar._parts, 0))
+    # (a name of wide characters is cut by cells, and a narrow line cuts the name to a letter
+    # before the clock: 114 cells at 80, and the clock gone below ~57 columns, helper-189)
+    from rich.cells import cell_len
+
+    for name, width in (("训练任务-" * 12, 80), (long, 60)):
+        bar.show(FeedInfo(mode=LIVE, source="s", events=1, rate=1.0, waiting=False, now_ns=1_780_000_012_400_000_000),
+                 job=name, world=4096, backend="nccl", errors=1, warnings=0, start_ns=1_780_000_000_000_000_000)
+        text = str(line(bar._parts, width))
+        assert cell_len(text) <= width and text.rstrip().endswith("(+12.4 s)") and "…" in text, (width, text)
 
 
 def test_home_and_end_move_the_replay_cursor_however_many_rows_scroll():
@@ -1356,6 +1365,35 @@ def test_the_gpu_panel_s_title_line_is_cut_with_an_ellipsis_beside_its_scrollbar
         assert len(title) == room and title.endswith("…") and title.startswith("CPU % · RSS"), (room, title)
 
     drive(app, check, size=(80, 24))
+
+
+def test_a_resize_dragged_a_few_columns_at_a_time_keeps_the_time_in_view():
+    """Zoomed in to the deepest zoom, the terminal dragged narrower two columns at a time and
+    back: each step's scale was rounded from the last, and the error compounded (an 18.7 us
+    view came back 26.9 us: helper-189).  The span the first resize kept is kept."""
+    from commscope.tui.timeline import MIN_NPC
+
+    events, _ = hung_missing_rank()
+    app = make_app(events, 0, mode=REPLAY)
+
+    async def check(pilot):
+        tl = app.timeline
+        tl.focus()
+        for _ in range(40):
+            await pilot.press("i")
+        await pilot.pause()
+        assert tl.npc == MIN_NPC
+        span = tl.t1() - tl.t0
+        for w in range(198, 79, -2):
+            await pilot.resize_terminal(w, 40)
+        await pilot.pause()
+        assert abs((tl.t1() - tl.t0) - span) <= tl.npc, (span, tl.t1() - tl.t0)
+        for w in range(82, 201, 2):
+            await pilot.resize_terminal(w, 40)
+        await pilot.pause()
+        assert abs((tl.t1() - tl.t0) - span) <= tl.npc, (span, tl.t1() - tl.t0)
+
+    drive(app, check, size=(200, 40))
 
 
 def test_behaviour_rows_put_the_odd_ones_out_first():
@@ -1738,10 +1776,13 @@ def test_a_replay_cursor_judges_a_sample_of_a_collapsed_row_s_ranks(monkeypatch)
 
 def test_a_label_cut_to_the_gutter_says_it_was_cut():
     """(helper-165) At 80 columns a block "r128-255" read "r128-25", a range of its own, and
-    host "node00256" read "node002", another host: a cut label says so, a host keeps its tail."""
+    host "node00256" read "node002", another host: a cut label says so, a host keeps its tail;
+    a range whose end does not fit is cut after its dash ("r512-1…" read as 512-1xxx,
+    helper-189)."""
     from commscope.tui.painter import LABEL, fit_label
 
-    assert fit_label("r128-255") == "r128-2…" and fit_label("r2049") == "r2049"
+    assert fit_label("r128-255") == "r128-…" and fit_label("r2049") == "r2049"
+    assert fit_label("r512-1023") == "r512-…" and fit_label("r0-511") == "r0-511"
     assert fit_label("node00256", tail=True) == "…e00256" and len(fit_label("x" * 40)) == LABEL
 
 

@@ -34,6 +34,7 @@ from commscope.analysis.indexes import GroupIndex
 from commscope.analysis.model import COLL, SPACE_FR, SPACE_NATIVE, TraceModel, untimed
 from commscope.analysis.ranks import ranges
 from commscope.analysis.rankstate import snapshot
+from commscope.analysis.vocab import FR_IMPORT
 from commscope.optable import EXCHANGES
 from commscope.units import duration, size
 
@@ -158,7 +159,8 @@ class Mismatch(Evidence):
     def render(self, f: Finding) -> list[RenderableType]:
         parts: list[RenderableType] = []
         per = evidence.values(self.per_rank)
-        cols = [c for c in ("rank", "op", "in_shapes", "out_shapes", "in_dtypes", "redop", "root", "state", "site")
+        cols = [c for c in ("rank", "op", "members", "in_shapes", "out_shapes", "in_dtypes", "redop", "root", "state",
+                            "site")
                 if any(c in row for row in per) and (c != "out_shapes" or "split sizes" in self.differs)]
         if per:
             parts.append(evidence.table("per rank at this (group, seq)", cols,
@@ -307,7 +309,11 @@ class _Exchanges(NamedTuple):
 
     @staticmethod
     def of(model: TraceModel) -> _Exchanges:
-        codes = [s.code for s in model.sigs if s.op in EXCHANGES and s.in_shapes and s.out_shapes]
+        # (a Flight Recorder's, dumped or side by side, not: a rank's dump missing leaves a group's
+        # members unknown, and an uneven exchange summed over the ranks that dumped read as
+        # unconserved, helper-189)
+        codes = [s.code for s in model.sigs if s.op in EXCHANGES and s.in_shapes and s.out_shapes
+                 and s.src not in ("fr", FR_IMPORT)]
         bytes_in = np.full(len(model.sigs), -1, np.int64)
         bytes_out = bytes_in.copy()
         for c in codes:
@@ -336,14 +342,18 @@ def _unconserved(model: TraceModel, gi: GroupIndex, sig: np.ndarray, present: np
 def _split_mismatch(model: TraceModel, gi: GroupIndex, row: int, sums: tuple[int, int], now: int,
                     later: int) -> Finding:
     """The ``collective_mismatch`` of an exchange whose split sizes disagree
-    (``_unconserved``): the ranks whose bytes in and out differ from the majority's are
-    named (their call is the odd one out), every rank on a tie."""
+    (``_unconserved``), naming every rank: the splits themselves are not recorded, so which
+    rank's are wrong is not known.  (Named by the majority of the ranks' bytes in and out, a
+    rank that did right was named alone where the splits were uneven: rank 3 sending
+    [1, 1, 2, 0] and expecting one row from itself, rank 2 rightly expecting five;
+    helper-189.)  The message says whose totals stand apart."""
     seq = seq_of_row(gi, row)
     ops = gi.at(seq)
     io = {r: (model.sig_of(r, i).in_bytes, model.sig_of(r, i).out_bytes) for r, i in ops.items()}
     top = Counter(io.values()).most_common()
     tie = len(top) > 1 and top[0][1] == top[1][1]
-    culprits = sorted(ops) if tie else sorted(r for r, v in io.items() if v != top[0][0])
+    apart = [] if tie else sorted(r for r, v in io.items() if v != top[0][0])
+    culprits = sorted(ops)
     table = {}
     for r in sorted(ops):
         b = op_brief(model, r, ops[r], now)
@@ -353,12 +363,9 @@ def _split_mismatch(model: TraceModel, gi: GroupIndex, row: int, sums: tuple[int
     did = {r: f"sent {size(io[r][0])}, received {size(io[r][1])}" for r in sorted(ops)}
     msg = (f"ranks disagree at collective #{seq} of group {gi.name}: {op} sent {size(sums[0])} in all and "
            f"received {size(sums[1])}, so their split sizes disagree (each rank's output splits must be what the "
-           f"others send it); " + _who_ran(did) +
-           ("; tie, so every rank is named" if tie else f"; {rank_list(culprits)} differ from the majority"))
-    majority = None if tie else next(table[str(r)] for r, v in io.items() if v == top[0][0])
-    ev = Mismatch(per_rank=table, differs=["split sizes"], majority=None if majority is None else
-                  {k: majority.get(k) for k in ("op", "in_shapes", "out_shapes")}, absent_ranks=[],
-                  later_mismatches=later, src="fr" if gi.space == SPACE_FR else ABSENT)
+           f"others send it); " + _who_ran(did) + "; the splits are not recorded, so every rank is named" +
+           (f" ({rank_list(apart)} sent or received other than the rest)" if apart else ""))
+    ev = Mismatch(per_rank=table, differs=["split sizes"], majority=None, absent_ranks=[], later_mismatches=later)
     t = max(int(model.ranks[r].begin[i]) for r, i in ops.items())
     return Finding("collective_mismatch", gi.name, seq, op, list(gi.members), culprits, msg, ev, ts=t)
 
@@ -427,6 +434,39 @@ def _mismatch(model: TraceModel, gi: GroupIndex, row: int, codes: np.ndarray, no
                   src="fr" if gi.space == SPACE_FR else ABSENT)
     t = max(int(model.ranks[r].begin[i]) for r, i in ops.items())
     return Finding("collective_mismatch", gi.name, seq, op_name, list(gi.members), culprits, msg, ev, ts=t)
+
+
+def find_group_disagreements(model: TraceModel) -> list[Finding]:
+    """``collective_mismatch`` where ranks of one run state different members for one group
+    (``TraceModel.group_views``): they called new_group in different orders, or some skipped
+    one, and torch paired ranks by the order their groups were made, so each group's
+    collectives mixed ranks of different groups and gave wrong results without a word
+    (helper-186: rank 0 paired with rank 3, check exit 0).  The ranks whose statement differs
+    from most ranks' are named; all that stated it on a tie."""
+    out: list[Finding] = []
+    apart = model.kept_apart
+    for name, runs in model.group_views.items():
+        for views in runs.values():
+            views = {r: v for r, v in views.items() if r not in apart}
+            counts = Counter(views.values()).most_common()
+            if len(counts) < 2:
+                continue
+            tie = counts[0][1] == counts[1][1]
+            culprits = sorted(views) if tie else sorted(r for r, v in views.items() if v != counts[0][0])
+            said = {}
+            for r, v in sorted(views.items()):
+                said.setdefault(v, []).append(r)
+            text = "; ".join(f"{ranks_text(rs)}: {list(v)}" for v, rs in sorted(said.items(), key=lambda kv: -len(kv[1])))
+            msg = (f"ranks disagree on the members of group {name}: {text} (they made their groups in different "
+                   "orders, or some skipped one: torch pairs ranks by that order, so the group's collectives mix "
+                   "ranks of different groups, with wrong results or a hang); " +
+                   ("tie, so every rank that stated it is named" if tie else f"{rank_list(culprits)} differ from the majority"))
+            ev = Mismatch(per_rank={str(r): {"members": list(v)} for r, v in sorted(views.items())},
+                          differs=["group members"], majority=None if tie else {"members": list(counts[0][0])},
+                          absent_ranks=[], later_mismatches=0)
+            ts = min((int(model.ranks[r].begin[0]) for r in views if r in model.ranks and model.ranks[r].n), default=0)
+            out.append(Finding("collective_mismatch", name, None, None, sorted(views), culprits, msg, ev, ts=ts))
+    return out
 
 
 def find_history_mismatches(model: TraceModel, found: list[Finding]) -> tuple[list[Finding], list[Finding]]:

@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 from commscope import events
 from commscope.analysis.collectives import (
+    find_group_disagreements,
     find_history_mismatches,
     find_mismatches,
     find_missing,
@@ -70,7 +71,7 @@ def diagnose(model: TraceModel, now: int | None = None, hang_after: float | None
     mismatches, mismatch_rows = find_mismatches(model, now)
     before, replaced = find_history_mismatches(model, mismatches)
     gone = {id(f) for f in replaced}
-    findings += [f for f in mismatches if id(f) not in gone] + before
+    findings += [f for f in mismatches if id(f) not in gone] + before + find_group_disagreements(model)
     hangs = find_missing(model, now, hang_ns, mismatch_rows) + find_p2p(model, now, hang_ns)
     drawn = drawn_in(model, now, hang_ns, hangs)
     if drawn:  # (ranks a hang waits on, blocked a moment less than hang_after: part of it)

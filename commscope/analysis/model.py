@@ -825,6 +825,10 @@ class TraceModel:
         #: group -> (job, run, incarnation) of a stream -> the members the first of its ranks to
         #: state the group said (``groups`` is the first statement of a stream kept in)
         self._said_groups: dict[str, dict[tuple, list[int]]] = {}
+        #: group -> (job, run, incarnation) -> rank -> the members that rank stated: ranks that
+        #: disagree on a group's members created their groups in different orders, or some
+        #: skipped one (``collectives.find_group_disagreements``)
+        self.group_views: dict[str, dict[tuple, dict[int, tuple[int, ...]]]] = {}
         self._group_by: dict[str, tuple] = {}  # group -> whose statement ``groups`` holds
         self.changed: frozenset[int] = frozenset()
         #: (version, the earliest begin among the ops its batch changed; I64_MIN: not known) of
@@ -2202,6 +2206,9 @@ class TraceModel:
                     said[who] = [int(x) for x in granks]
                     if name not in self.groups and rt.rank not in self._apart:
                         self._adopt(name, who)
+                if isinstance(granks, list):  # (each rank's, first: what ``find_group_disagreements`` compares)
+                    self.group_views.setdefault(name, {}).setdefault(who, {}).setdefault(
+                        rt.rank, tuple(int(x) for x in granks))
                 if e.get("backend"):
                     self.group_backend[name] = e["backend"]
                 passed = e.get("channels")

@@ -921,10 +921,14 @@ EXIT_WORDS = {"uninstrument": "recording stopped"}
 
 def exit_words(ex: dict) -> str:
     """How a rank left, in words ('atexit', 'atexit, code 3'): its reason, and its exit
-    code where it is not 0 (``sys.exit(3)``: the code the launcher reports)."""
+    code where it is not 0 (``sys.exit(3)``: the code the launcher reports); stopped by a
+    signal it took (Ctrl-C's SIGINT), that signal ("exited (atexit)" for a rank stopped by
+    Ctrl-C while it sat in native code: helper-186)."""
     why = str(ex.get("reason") or "exit")
     code = ex.get("code")
     why = EXIT_WORDS.get(why, why)
+    if ex.get("stop_signal"):
+        why = f"stopped by {signal_label(str(ex['stop_signal']))}"
     return f"{why}, code {code}" if isinstance(code, int) and not isinstance(code, bool) and code else why
 
 

@@ -445,7 +445,7 @@ def _crossed(model: TraceModel, errors: list[Finding]) -> list[Finding]:
 
     The backend's timeouts end such waits the same way: a collective's failure blamed on
     ranks absent from it (or gone) is the hang it ended, its ranks those that waited, where
-    the ranks it blames had entered the other's before it fired (``_entered``); an
+    the ranks it blames had entered the other's before it fired; an
     instance's hang and failure (some of its ranks timed out, the rest still wait) are one
     node of the cycle, and a group's nodes score together; the crashes of a consequence's
     failure go with it (``_crashed_of``).  Before, each failure's blame led to the other's
@@ -486,7 +486,21 @@ def _crossed(model: TraceModel, errors: list[Finding]) -> list[Finding]:
         """The nodes of other groups that node ``k``'s absentees wait in (had entered before
         ``k``'s failure fired, where it is one: a hang never fires)."""
         return sorted({j for c in culprits[k] for j in waiting_in.get(c, ()) if group[j] != group[k]
-                       and (fired[k] is None or (_entered(model, nodes[j][0], c) or fired[k]) <= fired[k])})
+                       and (fired[k] is None or entered(j, c) <= fired[k])})
+
+    ops_of: dict[int, dict[int, int]] = {}  # a node -> its instance's ops by rank (``GroupIndex.at``, once)
+
+    def entered(j: int, r: int) -> int:
+        """When rank ``r`` entered node ``j``'s collective (0: not known).  Each instance's
+        ops looked up once: per culprit, ``at`` made a world's dict each time, and a rank per
+        8-rank group of 16,384 calling the world's all_reduce cost 8.5 s (helper-189)."""
+        got = ops_of.get(j)
+        if got is None:
+            k = nodes[j][0].instances[0]
+            gi = model.coll.get((k[1], k[2]))
+            got = ops_of[j] = gi.at(k[3]) if gi is not None and k[3] is not None else {}
+        i, rt = got.get(r), model.ranks.get(r)
+        return int(rt.begin[i]) if i is not None and rt is not None else 0
 
     elsewhere = {v for f in errors if not _hang_like(f) for v in f.victims}  # (waiting, but in no node)
     folded: set[int] = set()
@@ -549,15 +563,6 @@ def _hang_like(f: Finding) -> bool:
         return bool(f.culprits)
     return f.kind == "op_failed" and bool(f.culprits) and bool(f.instances) and f.instances[0][0] == "coll" and \
         f.evidence.get("blame", {}).get("reason") not in ("local", "mismatch", "pending", "unknown")
-
-
-def _entered(model: TraceModel, f: Finding, r: int) -> int | None:
-    """When rank ``r`` entered the collective of hang or failure ``f`` (None: not known)."""
-    k = f.instances[0]
-    gi = model.coll.get((k[1], k[2]))
-    i = gi.at(k[3]).get(r) if gi is not None and k[3] is not None else None
-    rt = model.ranks.get(r)
-    return int(rt.begin[i]) if i is not None and rt is not None else None
 
 
 def _timed_out(model: TraceModel, errors: list[Finding]) -> list[Finding]:

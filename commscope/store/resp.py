@@ -46,7 +46,14 @@ class RedisAuthError(RedisRefused):
 class RedisTLSRefused(RedisRefused):
     """A TLS setting of the URL that no retry mends: a server certificate its CA does not
     vouch for, or that does not name the host; a CA file, client certificate or key that
-    cannot be read.  (A reset or an EOF in the handshake may be a full server: not this.)"""
+    cannot be read.  (A reset or an EOF in the handshake may be a full server, and a
+    certificate not yet or no longer valid one just rotated or a clock behind: not this,
+    helper-189.)"""
+
+
+#: OpenSSL's verify codes of a certificate's dates (X509_V_ERR_CERT_NOT_YET_VALID,
+#: X509_V_ERR_CERT_HAS_EXPIRED): the time may mend them
+_DATED = frozenset({9, 10})
 
 
 def _arg(a: Any) -> bytes:
@@ -156,7 +163,8 @@ class Connection:
             raise self._login_error(str(exc)) from None
         except ssl.SSLError as exc:
             self.close()
-            refused = RedisTLSRefused if isinstance(exc, ssl.SSLCertVerificationError) else StoreError
+            refused = RedisTLSRefused if isinstance(exc, ssl.SSLCertVerificationError) and \
+                getattr(exc, "verify_code", None) not in _DATED else StoreError
             raise refused(f"cannot connect to {self.shown}: {self._tls_why(exc)}") from None
         except ConnectionResetError as exc:
             self.close()
@@ -230,6 +238,9 @@ class Connection:
                     "Redis Cluster its certificates must name the addresses the cluster announces (IP SANs, "
                     "or cluster-preferred-endpoint-type hostname); or add ssl_check_hostname=false to check "
                     "its chain only")
+        if isinstance(exc, ssl.SSLCertVerificationError) and getattr(exc, "verify_code", None) in _DATED:
+            return (f"the server's certificate is not valid now ({what}): its dates against this host's clock "
+                    "(a certificate just rotated, or a clock behind: retried)")
         if isinstance(exc, ssl.SSLCertVerificationError):
             return (f"the server's certificate is not trusted ({what}): add ssl_ca_certs=FILE, the "
                     "certificate authority that signed it (ssl_cert_reqs=none skips every check)")

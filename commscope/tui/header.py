@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from rich.cells import cell_len
+from rich.cells import cell_len, set_cell_size
 from rich.text import Text
 from textual.widgets import Static
 
@@ -108,6 +108,22 @@ class StatusHeader(Static):
         return line(self._parts, self.size.width)
 
 
+def _cut_name(kept: list[_Part], over: int, least: int) -> int:
+    """Cut the job's name (in ``kept``) by ``over`` cells, to ``least`` at most, with "…";
+    returns the cells still over.  By cells, not characters: a name of wide characters cut
+    by characters ran the line to 114 cells at 80 (helper-189)."""
+    at = next((i for i, p in enumerate(kept) if p.keep == NAME), None)
+    if over <= 0 or at is None:
+        return over
+    name = kept[at].text.strip()
+    room = max(least, cell_len(name) - over)
+    if room >= cell_len(name):
+        return over
+    cut = set_cell_size(name, room - 1).rstrip() + "…"
+    kept[at] = kept[at]._replace(text=f" {cut} ")
+    return over - (cell_len(name) - cell_len(cut))
+
+
 def line(parts: tuple[_Part, ...], width: int) -> Text:
     """The header's parts in ``width`` columns (0: all of them): the least worth keeping
     dropped first, the last first of those alike; then the job's name cut to fit."""
@@ -119,19 +135,13 @@ def line(parts: tuple[_Part, ...], width: int) -> Text:
                 break
             kept.remove(p)
             over -= cell_len(p.text)
-    if over > 0:
-        at = next((i for i, p in enumerate(kept) if p.keep == NAME), None)
-        if at is not None:
-            name = kept[at].text.strip()
-            room = max(NAME_MIN, cell_len(name) - over)
-            if room < cell_len(name):
-                over -= cell_len(name) - room
-                kept[at] = kept[at]._replace(text=f" {name[:room - 1]}… ")
+    over = _cut_name(kept, over, NAME_MIN)
     for p in reversed([p for p in kept if p.keep == LOSSES]):
         if over <= 0:
             break
         kept.remove(p)
         over -= cell_len(p.text)
+    _cut_name(kept, over, 2)  # (then the name to its first letter: the mode and its clock stay whole)
     t = Text(no_wrap=True, overflow="ellipsis")
     for p in kept:
         t.append(p.text, style=p.style)

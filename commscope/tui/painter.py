@@ -176,7 +176,11 @@ def fit_label(text: str, tail: bool = False) -> str:
     tail (a host's: "…e00256", not "node002", another host's name)."""
     if len(text) <= LABEL:
         return text
-    return "…" + text[-(LABEL - 1):] if tail else text[:LABEL - 1] + "…"
+    if tail:
+        return "…" + text[-(LABEL - 1):]
+    head = text[:LABEL - 1]
+    dash = head.find("-")  # (a range whose end does not fit: cut after its dash, "r512-…", not "r512-1…")
+    return (head[:dash + 1] if 0 < dash < len(head) - 1 else head) + "…"
 
 
 def _gutter(row: Row, kind: str, focused: bool, flagged: bool) -> list[Segment]:

@@ -392,14 +392,18 @@ class Timeline(ScrollView, can_focus=True):
         self.pinned_rows = len(pinned)
         self._rows_token = (m, self.mode, *token[2:])  # (the mode as it is now: a large job's first rows switch it)
         if rows != self.rows:  # (a behaviour row keeps its key while its ranks change)
-            focused = self._row_rank()
-            if self.sel is not None and self.rows and self.sel[0] in self.rows[min(self.sel_row, len(self.rows) - 1)].ranks:
-                focused = self.sel[0]  # (the selected op's, where its row holds many: a block, a host)
+            old = self.rows[min(self.sel_row, len(self.rows) - 1)] if self.rows else None
+            # (the focus follows its rank: the selected op's, or a one-rank row's; after ``c`` the
+            # row at its old index held other ranks, and ← went to rank 0's op, helper-188.  A
+            # summary row's is its key while it lasts: following its first rank, the focus jumped
+            # rows as that rank changed state live, helper-189)
+            focused = None if old is None else self.sel[0] if self.sel is not None and self.sel[0] in old.ranks \
+                else old.ranks[0] if len(old.ranks) == 1 else None
             self.rows = rows
-            # (the focused row's rank keeps the focus: after ``c`` the row at its old index held
-            # other ranks, and ← went to rank 0's op, helper-188)
-            self.sel_row = next((i for i, row in enumerate(rows) if focused in row.ranks),
-                                min(self.sel_row, max(0, len(rows) - 1)))
+            at = next((i for i, row in enumerate(rows) if focused in row.ranks), None) if focused is not None else None
+            if at is None and old is not None:
+                at = next((i for i, row in enumerate(rows) if row.key == old.key), None)
+            self.sel_row = at if at is not None else min(self.sel_row, max(0, len(rows) - 1))
             self._cache.clear()
             self.set_flagged(self.flagged)
         self.virtual_size = Size(self.size.width, len(self.rows))
@@ -895,12 +899,17 @@ class Timeline(ScrollView, can_focus=True):
         was, self._width_seen = self._width_seen, self.timeline_width()
         if self._placed and was and was != self._width_seen:
             # (the same time in view, its cells narrower or wider: shrunk from 200 to 80 columns the
-            # view kept its scale, and the trace's end and the replay cursor went off it, helper-188)
-            self.npc = _clamp(-(-was * self.npc // self._width_seen))
+            # view kept its scale, and the trace's end and the replay cursor went off it, helper-188;
+            # the span kept from the first of a run of resizes, not each step's rounded one, which
+            # drifted, dragged a column at a time: helper-189)
+            span = self._span_seen[0] if self._span_seen[1] == self.npc else was * self.npc
+            self.npc = _clamp(max(1, round(span / self._width_seen)))
+            self._span_seen = (span, self.npc)
             self.post_message(self.ViewChanged())
         self.ensure_placed()
 
     _width_seen = 0  # (the timeline's width at the last resize: ``on_resize`` keeps the time in view)
+    _span_seen = (0, -1)  # (the span a resize kept, and the scale it made: a zoom since makes another)
 
 
 class _StatesAsOf(Mapping[int, RankState]):
