@@ -40,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"commscope {__version__}")
     # dest "verb": ``run`` has a positional called ``command`` (the command it runs)
     sub = parser.add_subparsers(dest="verb", metavar="COMMAND")
+    verbs: dict[str, argparse.ArgumentParser] = {}
     for verb, (module, help_text) in COMMANDS.items():
         try:
             mod = importlib.import_module(module)
@@ -51,7 +52,19 @@ def build_parser() -> argparse.ArgumentParser:
                            formatter_class=helpformat.Formatter)
         mod.add_arguments(p)
         p.set_defaults(_main=mod.main)
+        verbs[verb] = p
+    parser.set_defaults(_verbs=verbs)
     return parser
+
+
+def _refuse_lone_dashes(args: argparse.Namespace) -> None:
+    """An option given ``--`` as its value (``--since=--``): argparse hands it an empty list,
+    unconverted, and the command crashed on it (exit 3) or took its default (helper-187).
+    Refused as a usage error, exit 2."""
+    sub = getattr(args, "_verbs", {}).get(getattr(args, "verb", None))
+    for a in sub._actions if sub is not None else ():
+        if a.option_strings and a.nargs is None and getattr(args, a.dest, None) == [] and a.default != []:
+            sub.error(f"argument {'/'.join(a.option_strings)}: expected a value, not '--'")
 
 
 def _internal(verb: str, argv: list[str] | None) -> int:
@@ -69,6 +82,7 @@ def _internal(verb: str, argv: list[str] | None) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    _refuse_lone_dashes(args)
     if not getattr(args, "_main", None):
         parser.print_help()
         return 2

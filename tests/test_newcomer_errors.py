@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 from tui_scenarios import StaticReader, drive
 
 from commscope.cli import main as cli
@@ -70,7 +71,12 @@ def test_run_refuses_an_empty_retention_limit_and_says_the_one_it_keeps(tmp_path
     assert "--retain: cannot read ''" in capsys.readouterr().err
     assert cli(["run", "--store", str(tmp_path / "t"), "--retain", "2GiB,7d", "--", "true"]) == 0
     err = capsys.readouterr().err
-    assert f"recording to {tmp_path / 't'} (keeping at most 2.0 GiB per rank, 168 h of history" in err, err
+    assert f"recording to {tmp_path / 't'} (keeping at most 2.0 GiB per rank, 7 d of history" in err, err
+    # (an age as given, not "0.00416667 h"; and the segment being written besides, capped by a
+    # size limit so the limit holds: 64 MiB segments kept 62 MB under 1 MiB, helper-187)
+    assert cli(["run", "--store", str(tmp_path / "t"), "--retain", "1MiB,15s", "--", "true"]) == 0
+    assert ("(keeping at most 1.0 MiB per rank, 15 s of history, and the segment being written, up to 1.0 MiB: "
+            "--retain)") in capsys.readouterr().err
     assert cli(["run", "--store", str(tmp_path / "t"), "--retain", "none", "--", "true"]) == 0
     assert "(keeping all of each rank's history: --retain)" in capsys.readouterr().err  # ('everything of')
 
@@ -279,3 +285,15 @@ def test_attach_on_a_job_a_redis_does_not_hold_says_it_may_be_a_typo():
             f"no job 'nosuchjob' in {server.url} yet, which holds 1 other job(s): a typo?  commscope attach "
             f"{server.url} follows the newest  (q quits)")
         assert waiting_hint(server.url + "?job=real") == ""
+
+
+@pytest.mark.parametrize("argv", [["check", "x", "--since=--"], ["report", "x", "--since=--"],
+                                  ["run", "--retain=--", "--", "true"], ["check", "x", "--max-memory=--"]])
+def test_an_option_given_a_lone_double_dash_is_a_usage_error(argv, capsys):
+    """``--since=--``: argparse gives the option an empty list, unconverted; check crashed on
+    it (exit 3), and ``--max-memory=--`` took the default unsaid (helper-187)."""
+    with pytest.raises(SystemExit) as done:
+        cli(argv)
+    assert done.value.code == 2
+    option = argv[2].split("=")[0] if argv[0] != "run" else "--retain"
+    assert f"argument {option}: expected a value, not '--'" in capsys.readouterr().err

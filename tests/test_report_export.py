@@ -244,6 +244,19 @@ def test_the_report_s_warnings_wrap_at_its_width():
     assert max(map(len, lines)) <= 80 and " ".join(lines[1:4]).startswith("warning: rank 3: 12 line(s)"), lines[:4]
 
 
+def test_a_read_s_span_is_said_in_the_unit_that_reads_and_a_window_s_apart():
+    """``report --since 2h`` of a week-long job said "1,152 ops over 606787.70 s", its carried
+    events dating from the job's start (check alike, helper-187): the span in the unit that
+    reads, and a window's own span beside the whole's."""
+    from commscope.commands.options import span_text
+
+    day = 86400 * 10**9
+    assert span_text(0, 7 * day) == "168.0 h"
+    assert span_text(0, 19 * 10**9) == "19.0 s"
+    assert span_text(0, 7 * day, 7 * day - 2 * 3600 * 10**9) == "2.0 h read (of 168.0 h)"
+    assert span_text(5, 19 * 10**9, 0) == span_text(5, 19 * 10**9)  # (a window before the read: the whole)
+
+
 def test_the_report_says_what_it_leaves_out_of_incomplete_collectives():
     """(helper-166) An all_reduce rank 2 never entered was left out of the per-op count and
     bytes too, while the note said only "left out of the latency columns"."""

@@ -172,7 +172,8 @@ def main(args: argparse.Namespace) -> int:
         out = to_json(model, findings, warnings, hang_after, now, redact(reader.description), reader.stats, restart)
         sys.stdout.write(json.dumps(out, default=str) + "\n")
     else:
-        render(model, findings, warnings, hang_after, redact(reader.description), restart=restart)
+        render(model, findings, warnings, hang_after, redact(reader.description), restart=restart,
+               window_ns=reader.window_start_ns())
     return 1 if any(f.severity == ERROR for f in findings) else 0
 
 
@@ -232,10 +233,12 @@ def native_dumps(model: TraceModel, findings: list[Finding], exe: str | None = N
 
 # ---------------------------------------------------------------------- rich rendering
 def render(model: TraceModel, findings: list[Finding], warnings: list[str], hang_after: float,
-           source: str, console: Any = None, restart: dict[str, Any] | None = None) -> None:
-    """``restart``: the run's earlier attempts (``restarted``), which ``warnings`` name."""
+           source: str, console: Any = None, restart: dict[str, Any] | None = None,
+           window_ns: int | None = None) -> None:
+    """``restart``: the run's earlier attempts (``restarted``), which ``warnings`` name;
+    ``window_ns``: where the read's window began (``--since``)."""
     con = console or options.stdout_console()
-    for line in header(model, hang_after, source, con.width):
+    for line in header(model, hang_after, source, con.width, window_ns):
         con.print(line, highlight=False)
     for w in warnings:
         con.print(options.warning(w), highlight=False)
@@ -255,11 +258,11 @@ def render(model: TraceModel, findings: list[Finding], warnings: list[str], hang
     con.print(f"[bold]{errors} error(s), {len(findings) - errors} warning(s)[/]")
 
 
-def header(model: TraceModel, hang_after: float, source: str, width: int) -> list[Text]:
-    """What was read (``options.headline``)."""
+def header(model: TraceModel, hang_after: float, source: str, width: int, window_ns: int | None = None) -> list[Text]:
+    """What was read (``options.headline``); ``window_ns``: where the read's window began."""
     first, last = model.own_bounds()  # (the job's own: a foreign stream's counted apart)
     what = (f"{options.ranks_read(model.world_size, len(model.kept_apart))}, {model.own_events():,} events, "
-            f"{model.own_ops():,} ops, {(last - first) / 1e9:.1f} s; hang_after {hang_after:g} s")
+            f"{model.own_ops():,} ops, {options.span_text(first, last, window_ns)}; hang_after {hang_after:g} s")
     return options.headline(source, what, width)
 
 

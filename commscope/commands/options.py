@@ -34,6 +34,17 @@ def ranks_read(world_size: int, apart: int) -> str:
     return f"{world_size:,} ranks" + (f" (+{apart:,} foreign stream(s) kept apart)" if apart else "")
 
 
+def span_text(first: int, last: int, window_ns: int | None = None) -> str:
+    """How long a read spans, in the unit that reads ("168.6 h", not "606787.7 s"); read
+    with a window starting after the first event, the window's span, with the whole's (its
+    carried events date from the job's start: a 2 h window said the week, helper-187)."""
+    from commscope.units import duration
+
+    if window_ns is not None and first < window_ns < last:
+        return f"{duration(last - window_ns)} read (of {duration(last - first)})"
+    return duration(max(0, last - first))
+
+
 def headline(source: str, what: str, width: int) -> list[Text]:
     """``check``'s and ``report``'s first line, "source: what", or two where one would not fit
     ``width`` (the source on the first): a terminal folded it mid-figure ("hang_after 10" /

@@ -222,13 +222,15 @@ def pinned(model: TraceModel) -> Pinned:
 
 
 def render(rep: dict[str, Any], description: str, world_size: int, warnings: list[str], con, *,
-           wide: bool = False, every: bool = False, first: Pinned = NOTHING, windowed: bool = False) -> None:
+           wide: bool = False, every: bool = False, first: Pinned = NOTHING, windowed: bool = False,
+           span: str | None = None) -> None:
     """The report as tables on a rich console, fitted to its width (``wide``: every column).
     Cells are never cut: a table whose names alone are too wide runs past the width.  A job
     of more than ``WHOLE`` ranks lists those that matter most and their median, one of more
     than ``WHOLE`` groups those that matter most (``first``: the findings' culprits and
     groups, on top; ``every``: every rank and group).  ``windowed``: read with ``--since``,
-    whose start leaves out the parts of instances ranks ran before it."""
+    whose start leaves out the parts of instances ranks ran before it; ``span``: what the
+    read spans, in words (``options.span_text``; default: the report's ``span_s``)."""
     from rich.text import Text
 
     width = con.width
@@ -237,7 +239,8 @@ def render(rep: dict[str, Any], description: str, world_size: int, warnings: lis
         con.print(Text(text, style=style, no_wrap=True, overflow="ignore"), crop=False, soft_wrap=True)
 
     ranks = options.ranks_read(world_size, rep.get("foreign_streams", 0))
-    for line in options.headline(description, f"{ranks}, {rep['ops_total']:,} ops over {rep['span_s']:.2f} s", width):
+    span = span or options.span_text(0, int(rep["span_s"] * 1e9))
+    for line in options.headline(description, f"{ranks}, {rep['ops_total']:,} ops over {span}", width):
         con.print(line, soft_wrap=True)
     for w in warnings:  # (wrapped at the width, as check's: unwrapped, one ran to 155 columns, helper-166)
         con.print(options.warning(w))
@@ -366,5 +369,6 @@ def main(args: argparse.Namespace) -> int:
     with progress.status("judging the trace (its findings' ranks and groups go first)", shown and cut):
         first = pinned(model) if cut else NOTHING
     render(rep, redact(reader.description), model.world_size, warnings, options.stdout_console(), wide=args.wide,
-           every=args.all, first=first, windowed=reader.window_start_ns() is not None)
+           every=args.all, first=first, windowed=reader.window_start_ns() is not None,
+           span=options.span_text(*model.own_bounds(), reader.window_start_ns()))
     return 0

@@ -42,6 +42,8 @@ from commscope.store import (
 )
 from commscope.store.base import is_job_name
 from commscope.store.directory import ENV_SHARE
+from commscope.store.segments import segment_bytes_from_env
+from commscope.units import size
 
 BOOTSTRAP_DIR = Path(__file__).resolve().parent.parent / "record" / "bootstrap"
 #: Seconds a stop request (Ctrl-C, SIGTERM) is left to the command before its ranks get SIGTERM.
@@ -66,8 +68,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the history a directory store keeps of each rank: a size (2GiB, 500MiB), an age (7d, "
                         "90min: segments that ended that long before the newest), both (2GiB,7d) or none; older "
                         "segments are "
-                        "summarized (counts, bytes, latency per minute: commscope report) and deleted "
-                        f"(default {retention.DEFAULT.describe()}; sets $COMMSCOPE_RETAIN)")
+                        "summarized (counts, bytes, latency per minute: commscope report) and deleted; the "
+                        "segment being written is kept besides (64 MiB at most, a quarter of a size limit "
+                        f"past 4 MiB) (default {retention.DEFAULT.describe()}; sets $COMMSCOPE_RETAIN)")
     p.add_argument("--keyframes", metavar="SECONDS",
                    help="how often a directory store's streams say what each rank is in (a child beside the "
                         "ranks follows their segments): a window (--since, a console's restart at the tail) "
@@ -268,8 +271,11 @@ def _kept(env: dict[str, str]) -> str:
         limit = retention.NONE
     if not limit.bounded:
         return " (keeping all of each rank's history: --retain)"
-    # (``describe`` says "per rank" itself: "of each rank's history" said it twice, helper-177)
-    return f" (keeping at most {limit.describe()} of history: --retain)"
+    # (``describe`` says "per rank" itself: "of each rank's history" said it twice, helper-177;
+    # and the segment being written, never deleted, besides: helper-187)
+    segment = retention.segment_bytes_for(segment_bytes_from_env(), limit)
+    return (f" (keeping at most {limit.describe()} of history, and the segment being written, up to "
+            f"{size(segment)}: --retain)")
 
 
 def _adopt_orphans() -> None:

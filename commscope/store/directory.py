@@ -228,7 +228,7 @@ class DirectoryWriter:
         ``$COMMSCOPE_SHARE_WITH_GROUP``); one that exists keeps its modes.  ``connect_timeout``:
         a directory connects to nothing (``store.open_writer`` passes it to every store).
         ``segment_bytes``: start a new segment past this size (None: ``$COMMSCOPE_SEGMENT_MB``,
-        default 64 MiB); ``retain``: the history kept (None: ``$COMMSCOPE_RETAIN``, see
+        default 64 MiB, at most a quarter of a size limit: ``retention.segment_bytes_for``); ``retain``: the history kept (None: ``$COMMSCOPE_RETAIN``, see
         ``store/retention.py``); ``closer``: run the child that closes a segment after each
         new one (False: the caller runs ``retention.close_stream`` itself)."""
         self.root = Path(root)
@@ -236,8 +236,9 @@ class DirectoryWriter:
         self.rank = rank
         self.incarnation = incarnation
         self.dir = self.root / job
-        self.segment_bytes = segment_bytes if segment_bytes is not None else segment_bytes_from_env()
         self.retain = retain if retain is not None else retention.from_env()
+        self.segment_bytes = segment_bytes if segment_bytes is not None else \
+            retention.segment_bytes_for(segment_bytes_from_env(), self.retain)
         self.closer = closer and not resume  # (a forwarder never bounds a history: the rank's settings do)
         self._retainer: subprocess.Popen | None = None  # the child closing the last segment
         self._owed = False  # a segment closed while a closer ran, not closed by it (``close``)
@@ -1066,6 +1067,12 @@ class DirectoryReader(TraceReader):
         not known, beside the deletion its marker stated."""
         number = entered.number - 1
         data = inflight.carried(self.job_dir, stream, number) if self.job_dir is not None else None
+        if data is not None and not inflight.whole(data):
+            # (cut or damaged: made again, as a missing one is; retention reads it as it is)
+            self.stats.warnings.append(f"rank {stream[0]}: the carry of segment {number} is damaged (not as its "
+                                       f"closer wrote it, {len(data):,} bytes): made again from the segments "
+                                       "before it, where they are")
+            data = None
         if data is None:
             try:
                 again = inflight.starts_again(read_from(entered.path, 0, inflight.HEAD_BYTES))
@@ -1519,10 +1526,20 @@ class DirectoryReader(TraceReader):
         summarized: dict[Stream, set[int]] = {}
         for stream, n in (*self._decided, *self._pending):
             summarized.setdefault(stream, set()).add(n)
+        keyed: dict[Stream, int] = {}  # a stream -> the newest segment its keyframes name
+        for stream, n in self._keyed:
+            keyed[stream] = max(keyed.get(stream, -1), n)
         for stream, segs in self._streams.items():
             if not segs:
                 continue
             first, last = max(self._asked_from(stream, segs), upto.get(stream, 0)), segs[-1].number
+            # (the newest gone too, where the store still names it: the keyframes of a segment
+            # after the newest listed, or the newest's carry, written once the next began; its
+            # rank read dead, the segment unsaid: helper-187)
+            named = max(keyed.get(stream, -1), last + 1 if self.job_dir is not None and inflight.carried(
+                self.job_dir, stream, last) is not None else -1)
+            if named > last:
+                last = named + 1
             if last <= first:
                 continue
             upto[stream] = last

@@ -81,12 +81,35 @@ class Retention(NamedTuple):
         if self.max_bytes is not None:
             parts.append(f"{size(self.max_bytes)} per rank")
         if self.max_age_s is not None:
-            parts.append(f"{self.max_age_s / 3600:g} h")
+            parts.append(age_text(self.max_age_s))
         return ", ".join(parts) or "everything"
 
     @property
     def bounded(self) -> bool:
         return self.max_bytes is not None or self.max_age_s is not None
+
+
+#: A size limit's segments are at most this share of it (and at least ``MIN_SEGMENT_BYTES``):
+#: the segment being written is never deleted, so 64 MiB segments kept 62 MB of a rank under
+#: ``--retain 1MiB`` (helper-187)
+SEGMENT_SHARE = 4
+MIN_SEGMENT_BYTES = 1 << 20
+
+
+def segment_bytes_for(segment_bytes: int, limit: Retention) -> int:
+    """The segment size a writer keeping ``limit`` uses, of ``segment_bytes`` asked."""
+    if limit.max_bytes is None:
+        return segment_bytes
+    return min(segment_bytes, max(MIN_SEGMENT_BYTES, limit.max_bytes // SEGMENT_SHARE))
+
+
+def age_text(seconds: float) -> str:
+    """An age in the largest unit it is a whole number of (7 d, 36 h, 90 s), as ``--retain``
+    takes them: ``run`` said "0.00416667 h" for ``--retain 15s`` (helper-187)."""
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g} {unit}"
+    return f"{seconds:g} s"
 
 
 #: Keep 1 GiB per rank stream (about a day of a busy rank), summarize the rest.
