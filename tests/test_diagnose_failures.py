@@ -167,6 +167,17 @@ def test_an_exception_raised_from_another_says_both_and_its_first_words():
     assert first_line(said) == "RuntimeError: [Stage 1] failed to run forward:"
     assert first_line("RuntimeError: [../pair.cc:537] Read error") == "RuntimeError: Read error"
     assert fmt_exc(ValueError("plain")) == "ValueError: plain"
+    # (what it was raised from is not its own words: a local error raised while handling a
+    # timeout classified as a timeout, and no rank was blamed, helper-190)
+    try:
+        try:
+            raise RuntimeError(TIMED_OUT)
+        except RuntimeError:
+            raise ValueError("bad batch shape")  # noqa: B904 (raised while handling it, as user code does)
+    except ValueError as e:
+        local = fmt_exc(e)
+    assert "(raised from RuntimeError:" in local and classify(local).kind == LOCAL, local
+    assert first_line("RuntimeError: \n(raised from KeyError: 'k')") == "RuntimeError:"
 
 
 def test_exception_texts_are_classified():

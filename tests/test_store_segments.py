@@ -365,6 +365,30 @@ def test_a_stream_s_newest_segment_gone_is_counted_where_the_store_still_names_i
     assert "trace_incomplete" in [f["kind"] for f in out["findings"]]
 
 
+def test_a_rotation_during_a_read_is_no_segment_gone(tmp_path):
+    """A live writer rotates after a reader listed its segments, and its closer writes the
+    carry of the one before: the newest-segment count took that carry for a segment gone
+    (helper-190).  Only a carry written before the listing says so."""
+    from commscope.store import open_reader
+
+    w = DirectoryWriter(tmp_path, "job", 0, {"world_size": 1}, segment_bytes=1024, closer=False)
+    w.write([meta(0)])
+    k = 0
+    while len(list_segments(tmp_path / "job")[(0, 0)]) < 3:
+        w.write([beat(0, k)])
+        k += 1
+    reader = open_reader(tmp_path)
+    reader.poll()  # (its listing: segments 0-2)
+    n0 = len(list_segments(tmp_path / "job")[(0, 0)])
+    while len(list_segments(tmp_path / "job")[(0, 0)]) == n0:
+        w.write([beat(0, k)])
+        k += 1
+    retention.close_stream(tmp_path / "job", 0, 0, retention.NONE)
+    reader._count_segments_gone()  # (what read_all does last, the listing not taken again)
+    w.close()
+    assert not [x for x in reader.stats.warnings if "gone from the store" in x], reader.stats.warnings
+
+
 def test_age_retention_keeps_the_last_days(tmp_path):
     store = str(tmp_path / "trace")
     shape = JobShape(2, 6000, fault="healthy", days=7, segment_bytes=64 << 10)

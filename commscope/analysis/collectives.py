@@ -445,27 +445,27 @@ def find_group_disagreements(model: TraceModel) -> list[Finding]:
     from most ranks' are named; all that stated it on a tie."""
     out: list[Finding] = []
     apart = model.kept_apart
-    for name, runs in model.group_views.items():
-        for views in runs.values():
-            views = {r: v for r, v in views.items() if r not in apart}
-            counts = Counter(views.values()).most_common()
-            if len(counts) < 2:
-                continue
-            tie = counts[0][1] == counts[1][1]
-            culprits = sorted(views) if tie else sorted(r for r, v in views.items() if v != counts[0][0])
-            said = {}
-            for r, v in sorted(views.items()):
-                said.setdefault(v, []).append(r)
-            text = "; ".join(f"{ranks_text(rs)}: {list(v)}" for v, rs in sorted(said.items(), key=lambda kv: -len(kv[1])))
-            msg = (f"ranks disagree on the members of group {name}: {text} (they made their groups in different "
-                   "orders, or some skipped one: torch pairs ranks by that order, so the group's collectives mix "
-                   "ranks of different groups, with wrong results or a hang); " +
-                   ("tie, so every rank that stated it is named" if tie else f"{rank_list(culprits)} differ from the majority"))
-            ev = Mismatch(per_rank={str(r): {"members": list(v)} for r, v in sorted(views.items())},
-                          differs=["group members"], majority=None if tie else {"members": list(counts[0][0])},
-                          absent_ranks=[], later_mismatches=0)
-            ts = min((int(model.ranks[r].begin[0]) for r in views if r in model.ranks and model.ranks[r].n), default=0)
-            out.append(Finding("collective_mismatch", name, None, None, sorted(views), culprits, msg, ev, ts=ts))
+    for name, who in sorted(model.group_disputes):  # (only those whose ranks' statements differ: few)
+        views = {r: v for r, v in model.group_views[name][who].items() if r not in apart}
+        counts = Counter(views.values()).most_common()
+        if len(counts) < 2:
+            continue
+        tie = counts[0][1] == counts[1][1]
+        culprits = sorted(views) if tie else sorted(r for r, v in views.items() if v != counts[0][0])
+        said: dict[tuple[int, int, int], list[int]] = {}
+        for r, v in sorted(views.items()):
+            said.setdefault(v, []).append(r)
+        members = {v: model.group_members_of[(name, who, v)] for v in said}
+        text = "; ".join(f"{ranks_text(rs)}: {members[v]}" for v, rs in sorted(said.items(), key=lambda kv: -len(kv[1])))
+        msg = (f"ranks disagree on the members of group {name}: {text} (they made their groups in different "
+               "orders, or some skipped one: torch pairs ranks by that order, so the group's collectives mix "
+               "ranks of different groups, with wrong results or a hang); " +
+               ("tie, so every rank that stated it is named" if tie else f"{rank_list(culprits)} differ from the majority"))
+        ev = Mismatch(per_rank={str(r): {"members": members[v]} for r, v in sorted(views.items())},
+                      differs=["group members"], majority=None if tie else {"members": members[counts[0][0]]},
+                      absent_ranks=[], later_mismatches=0)
+        ts = min((int(model.ranks[r].begin[0]) for r in views if r in model.ranks and model.ranks[r].n), default=0)
+        out.append(Finding("collective_mismatch", name, None, None, sorted(views), culprits, msg, ev, ts=ts))
     return out
 
 

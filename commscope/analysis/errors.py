@@ -49,8 +49,20 @@ class ExcKind(NamedTuple):
     ranks: tuple[int, ...] = ()  # NAMED, FAULTED: the ranks named; RELAYED: the rank relayed from
 
 
+#: Where an exception's text says what it was raised from (``record.ops.fmt_exc``): not its own words
+RAISED_FROM = "\n(raised from "
+
+
+def own_words(text: str) -> str:
+    """An exception's text without what it was raised from: a local error raised while
+    handling a timeout is not a timeout (helper-190)."""
+    return str(text).split(RAISED_FROM, 1)[0]
+
+
 def classify(text: str) -> ExcKind:
-    """The kind of failure an exception text describes (see the module docstring)."""
+    """The kind of failure an exception text describes (see the module docstring), by its
+    own words (``own_words``)."""
+    text = own_words(text)
     m = _NAMED.search(text)
     if m:
         return ExcKind(NAMED, tuple(int(x) for x in re.findall(r"\d+", m.group(1))))
@@ -75,7 +87,7 @@ def first_line(text: str, limit: int = 160) -> str:
     """An exception's first line, without the C++ source location Gloo prefixes; where it
     is its type alone ("RuntimeError: ", its message on the lines below: torch's
     pipelining), the next line joined to it (helper-186: a crash said "RuntimeError: ,")."""
-    lines = [x.strip() for x in str(text).splitlines() if x.strip()]
+    lines = [x.strip() for x in own_words(text).splitlines() if x.strip()]
     line = lines[0] if lines else ""
     if len(lines) > 1 and re.fullmatch(r"[\w.]+:", line):
         line = f"{line} {lines[1]}"

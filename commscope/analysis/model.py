@@ -825,10 +825,15 @@ class TraceModel:
         #: group -> (job, run, incarnation) of a stream -> the members the first of its ranks to
         #: state the group said (``groups`` is the first statement of a stream kept in)
         self._said_groups: dict[str, dict[tuple, list[int]]] = {}
-        #: group -> (job, run, incarnation) -> rank -> the members that rank stated: ranks that
-        #: disagree on a group's members created their groups in different orders, or some
-        #: skipped one (``collectives.find_group_disagreements``)
-        self.group_views: dict[str, dict[tuple, dict[int, tuple[int, ...]]]] = {}
+        #: group -> (job, run, incarnation) -> rank -> the members that rank stated, by their
+        #: count, first and last (a fingerprint: each rank's world of 16,384 members kept whole
+        #: was 2 GiB, helper-190): ranks that disagree made their groups in different orders,
+        #: or some skipped one (``collectives.find_group_disagreements``)
+        self.group_views: dict[str, dict[tuple, dict[int, tuple[int, int, int]]]] = {}
+        #: the (group, run)s whose ranks' fingerprints differ, and each fingerprint's members
+        #: as its first rank stated them: the few ``find_group_disagreements`` looks at
+        self.group_disputes: set[tuple[str, tuple]] = set()
+        self.group_members_of: dict[tuple[str, tuple, tuple[int, int, int]], list[int]] = {}
         self._group_by: dict[str, tuple] = {}  # group -> whose statement ``groups`` holds
         self.changed: frozenset[int] = frozenset()
         #: (version, the earliest begin among the ops its batch changed; I64_MIN: not known) of
@@ -2206,9 +2211,15 @@ class TraceModel:
                     said[who] = [int(x) for x in granks]
                     if name not in self.groups and rt.rank not in self._apart:
                         self._adopt(name, who)
-                if isinstance(granks, list):  # (each rank's, first: what ``find_group_disagreements`` compares)
-                    self.group_views.setdefault(name, {}).setdefault(who, {}).setdefault(
-                        rt.rank, tuple(int(x) for x in granks))
+                if isinstance(granks, list) and granks:  # (each rank's, first: ``find_group_disagreements``)
+                    views = self.group_views.setdefault(name, {}).setdefault(who, {})
+                    if rt.rank not in views:
+                        fp = (len(granks), int(granks[0]), int(granks[-1]))
+                        if views and fp != next(iter(views.values())):
+                            self.group_disputes.add((name, who))
+                        views[rt.rank] = fp
+                        if (name, who, fp) not in self.group_members_of:  # (built once a fingerprint)
+                            self.group_members_of[name, who, fp] = [int(x) for x in granks]
                 if e.get("backend"):
                     self.group_backend[name] = e["backend"]
                 passed = e.get("channels")

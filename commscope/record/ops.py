@@ -289,7 +289,7 @@ def fmt_exc(exc: BaseException) -> str:
     failed to run forward", the stage's own error in its cause (helper-186)."""
     said = _said(exc)
     cause = exc.__cause__ if exc.__cause__ is not None else None if exc.__suppress_context__ else exc.__context__
-    return said + (f"\n(raised from {_said(cause)})" if cause is not None else "")
+    return said + (f"\n(raised from {_said(cause)})" if cause is not None else "")  # (``errors.RAISED_FROM``)
 
 
 def _said(exc: BaseException) -> str:

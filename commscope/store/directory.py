@@ -1534,16 +1534,27 @@ class DirectoryReader(TraceReader):
                 continue
             first, last = max(self._asked_from(stream, segs), upto.get(stream, 0)), segs[-1].number
             # (the newest gone too, where the store still names it: the keyframes of a segment
-            # after the newest listed, or the newest's carry, written once the next began; its
-            # rank read dead, the segment unsaid: helper-187)
-            named = max(keyed.get(stream, -1), last + 1 if self.job_dir is not None and inflight.carried(
-                self.job_dir, stream, last) is not None else -1)
+            # after the newest listed, or the newest's carry, written once the next began, before
+            # the listing: a carry written since may be a rotation the listing did not see,
+            # helper-190; its rank read dead, the segment unsaid: helper-187)
+            named = max(keyed.get(stream, -1), last + 1 if self._carried_before_listing(stream, last) else -1)
             if named > last:
                 last = named + 1
             if last <= first:
                 continue
             upto[stream] = last
             self._count_gone(stream, first, last, {s.number for s in segs} | summarized.get(stream, set()))
+
+    def _carried_before_listing(self, stream: Stream, number: int) -> bool:
+        """Whether segment ``number`` of ``stream`` has a carry written before this reader's
+        listing was made (one stat): its closer writes it once the next segment began, so
+        that segment existed when the listing was made."""
+        if self.job_dir is None or self._listed is None:
+            return False
+        try:
+            return os.stat(inflight.carry_path(self.job_dir, stream, number)).st_mtime < self._listed[1]
+        except OSError:
+            return False
 
     def _asked_from(self, stream: Stream, segs: list[Segment]) -> int:
         """The first segment number of ``stream`` whose absence counts as gone: 0, or where
