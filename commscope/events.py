@@ -162,6 +162,9 @@ TYPES = frozenset({OP, META, GROUP, SAMPLE, HEARTBEAT, STACK, EXIT, DROPPED, BLO
 #: The ``exit`` reason of a rank whose process ended and nobody saw how: ``commscope snapshot``
 #: found it gone, or its spool was left without a word of its death (SIGKILL, the OOM killer)
 GONE = "gone"
+#: The ``exit`` reason of a rank whose default process group was destroyed: its incarnation
+#: ended (a later ``exit`` of the same stream says how the process itself ended, if not cleanly)
+DESTROYED = "destroy_process_group"
 #: ``dropped`` events whose reason starts so count Flight Recorder ring overwrites: entries of
 #: collectives the wrapper mostly recorded itself, so they are not lost trace events.
 FR_OVERWRITE = "Flight Recorder ring overwritten"

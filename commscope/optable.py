@@ -62,7 +62,8 @@ OPS: dict[str, Op] = {
     # object ops
     "all_gather_object": Op(kind=OBJECT, dtype_free=True),
     "gather_object": Op(kind=OBJECT, dtype_free=True),
-    "broadcast_object_list": Op(kind=OBJECT, dtype_free=True),
+    # (every rank passes a list of as many objects: the root its objects, the others places for them)
+    "broadcast_object_list": Op(kind=OBJECT, dtype_free=True, same_shape=("in",)),
     "scatter_object_list": Op(kind=OBJECT, dtype_free=True),
     "send_object_list": Op(kind=OBJECT, direction="send"),
     "recv_object_list": Op(kind=OBJECT, direction="recv"),

@@ -5,7 +5,10 @@ MASTER_ADDR, MASTER_PORT in the environment), so the exception travels the real 
 uncaught, ``sys.excepthook``, interpreter exit.  The other ranks' all_reduce then fails;
 they wait for the test's release file and let that exception go uncaught too.
 
-    python raising_rank.py STORE RELEASE
+With ``after_destroy``, every rank runs its 10 steps and destroys its process group, and
+rank 1 then raises saving its checkpoint: a crash after the group ended.
+
+    python raising_rank.py STORE RELEASE [after_destroy]
 """
 
 import os
@@ -25,11 +28,22 @@ def load_batch(rank: int, step: int) -> torch.Tensor:
     return torch.ones(8)
 
 
+def save_checkpoint(rank: int) -> None:
+    if rank == 1:
+        raise OSError(f"checkpoint shard {rank}: No space left on device")
+
+
 def main() -> None:
     store, release = sys.argv[1], sys.argv[2]
     dist.init_process_group("gloo", timeout=timedelta(seconds=60))
     commscope.instrument(store, hang_after=2.0, sample_interval=0.2)
     rank = dist.get_rank()
+    if sys.argv[3:] == ["after_destroy"]:
+        for _ in range(10):
+            dist.all_reduce(torch.ones(8))
+        dist.destroy_process_group()
+        save_checkpoint(rank)
+        return
     try:
         for step in range(400):
             t = load_batch(rank, step)

@@ -145,6 +145,134 @@ def test_a_crash_is_said_to_be_in_the_op_that_raised_not_an_async_op_not_waited_
     assert crash["message"].startswith("rank 0 crashed in all_reduce #4 (group 0)"), crash["message"]
 
 
+def test_a_crash_inside_a_wait_is_said_to_be_in_the_op_waited_for():
+    """Rank 0 posts an irecv from rank 1, then an isend to it, and dies of a segfault inside
+    the irecv's wait(): its crash was said "in isend #1 to 1", the last op pending, never waited
+    for (helper-190).  It crashed in irecv #1, the op it was blocked in."""
+    b = TraceBuilder(2)
+    t = b.warmup()
+    b.async_op(0, t, t + 2 * MS, None, "irecv", peer=1, dir="recv")
+    b.async_op(0, t + MS, None, None, "isend", peer=1, dir="send")
+    b.heartbeats(b.t0, t + S)
+    b.exit(0, t + S, reason="signal", signal="Segmentation fault")
+    _, f = replay(b, {0}, hang_after=3.0)
+    assert errors(f) == [("rank_crashed", [0])], [x.to_json()["message"] for x in f]
+    assert f[0].message.startswith("rank 0 crashed in irecv #1 from 1"), f[0].message
+
+
+def test_a_broadcast_root_with_the_wrong_size_is_named_not_the_ranks_it_aborted():
+    """The root broadcasts 3 elements where ranks 1 and 2 expect 2: Gloo aborts them, and
+    the root, done, goes on into all_reduce #5, which fails.  The mismatch was folded into
+    that failure, blamed on the ranks it aborted: its culprit, rank 0, was chased to what
+    it waited on after (helper-191).  The mismatch is the root, naming rank 0."""
+    b = TraceBuilder(3)
+    t = b.warmup()
+    for r in range(3):
+        i = b.begin(r, t + r * 100_000, "broadcast", root=0, shape=(3,) if r == 0 else (2,))
+        if r == 0:
+            b.end(r, i, t + MS)
+    for r in (1, 2):
+        b.exit(r, t + MS, reason="signal", signal="Aborted",
+               exc="gloo::EnforceNotMet: [enforce fail at gloo/transport/tcp/pair.cc:446] Received data size "
+                   "doesn't match expected size")
+    j = b.begin(0, t + 2 * MS, "all_reduce")
+    b.end(0, j, t + 20 * MS, exc=CLOSED)
+    b.exit(0, t + 21 * MS, reason="exception", exc=CLOSED)
+    b.heartbeats(b.t0, t)
+    _, f = replay(b, {0}, hang_after=3.0)
+    assert errors(f) == [("collective_mismatch", [0])], [x.message for x in f]
+    assert {(c["kind"], tuple(c["culprits"])) for c in f[0].evidence["consequences"]} >= {("op_failed", (1, 2))}
+
+
+def judged(b: TraceBuilder, hang_after: float = 3.0):
+    """The findings of the whole trace, read at once, judged at its end."""
+    m = TraceModel()
+    m.ingest(b.sorted_events())
+    return diagnose(m, hang_after=hang_after)
+
+
+@pytest.mark.parametrize("late", [2, None])
+def test_a_failure_caught_long_ago_explains_no_later_hang(late):
+    """World all_reduce #4 times out on the ranks in it (rank 2, and rank 3 with ``late``
+    None, late), every rank catches it and goes on; 20 collectives later rank 3 waits in
+    group H's all_reduce for rank 0, which never comes.  Rank 0, the old failure's victim,
+    was read as waiting on its culprits still: H's hang was folded into the old failure
+    (rank 0 named nowhere), or named rank 2, not in H; the failure's culprit 3, waiting in H
+    since, was chased to rank 0 (helper-192).  Each stands on its own."""
+    b = TraceBuilder(4)
+    b.group("H", [0, 3])
+    t = b.warmup()
+    on_time = (0, 1, 3) if late else (0, 1)
+    for r in range(4):
+        i = b.begin(r, t if r in on_time else t + 5 * S, "all_reduce")
+        b.end(r, i, t + S if r in on_time else t + 6 * S, exc=TIMED_OUT)
+    t2 = t + 7 * S
+    for _ in range(20):
+        t2 = b.collective(t2, "all_reduce") + MS
+    b.sync(3, t2 + S, None, "all_reduce", group="H")
+    b.heartbeats(b.t0, t2 + 20 * S)
+    got = sorted((f.kind, f.group, f.culprits) for f in judged(b) if f.severity == "error")
+    assert got == [("missing_ranks", "H", [0]), ("op_failed", "0", [2] if late else [2, 3])], got
+
+
+def test_a_p2p_failure_long_before_a_collective_does_not_hold_its_rank_away():
+    """Rank 1's recv from rank 2 times out and is caught; 90 s later ranks 0 and 2 enter a
+    barrier rank 1 never enters, which times out.  The barrier's failure was blamed on rank
+    2, in the barrier, "through" rank 1's old recv (helper-192): rank 1 sat idle since."""
+    b = TraceBuilder(3)
+    t = b.warmup()
+    i = b.begin(1, t, "recv", peer=2, dir="recv")
+    b.end(1, i, t + 10 * S, exc=TIMED_OUT)
+    ids = {r: b.begin(r, t + 100 * S + r * MS, "barrier") for r in (0, 2)}
+    for r in (0, 2):
+        b.end(r, ids[r], t + 110 * S + r * MS, exc=TIMED_OUT)
+    b.heartbeats(b.t0, t + 115 * S)
+    got = sorted((f.op, f.culprits) for f in judged(b) if f.severity == "error")
+    assert got == [("barrier", [1]), ("recv", [2])], got
+
+
+def test_a_failure_nobody_is_to_blame_for_takes_in_no_failure_before_it():
+    """Rank 1's recv from rank 2 times out (rank 2 never sent); Gloo closes rank 1's pairs,
+    and the barrier ranks 0 and 2 enter 4 s later fails at once, naming nobody.  The recv's
+    failure was folded into the barrier's, rank 2 among its victims, though the recv failed
+    before the barrier began: rank 2 was named nowhere (a real job of helper-192's)."""
+    b = TraceBuilder(3)
+    t = b.warmup()
+    i = b.begin(1, t, "recv", peer=2, dir="recv")
+    b.end(1, i, t + 3 * S, exc=TIMED_OUT.replace("1000ms", "3000ms"))
+    ids = {r: b.begin(r, t + 7 * S + r * MS, "barrier") for r in (0, 2)}
+    for r in (0, 2):
+        b.end(r, ids[r], t + 7 * S + 5 * MS, exc=CLOSED)
+    b.heartbeats(b.t0, t + 11 * S, ranks=[0, 2])
+    b.heartbeats(b.t0, t + 16 * S, ranks=[1])
+    for r in (0, 2):
+        b.exit(r, t + 11 * S + r * MS, reason="os._exit", code=0)
+    b.exit(1, t + 16 * S, reason="os._exit", code=0)
+    got = [(f.op, f.culprits) for f in judged(b, 2.0) if f.severity == "error"]
+    assert ("recv", [2]) in got, got
+
+
+def test_a_crash_of_a_failure_blamed_on_it_and_on_an_idle_rank_names_both():
+    """Rank 0 waits in pair S's all_reduce for rank 1, which is in the world's; rank 3 waits
+    in a recv from rank 1; rank 2 is idle.  The timeouts end the waits and those ranks crash
+    of them.  The world's failure, blamed on ranks 0, 1 and 2, led through rank 0 (waiting
+    on 1) to ranks 1 and 2, was folded into rank 1's crash: rank 2, idle and alive, was named
+    nowhere (helper-192).  One failure names ranks 1 and 2, the crashes its consequences."""
+    b = TraceBuilder(4)
+    b.group("S", [0, 1])
+    t = b.warmup()
+    b.collective(t - 500 * MS, "all_reduce", "S")
+    ids = {0: b.begin(0, t, "all_reduce", group="S"), 1: b.begin(1, t + MS, "all_reduce"),
+           3: b.begin(3, t + 2 * MS, "recv", peer=1, dir="recv")}
+    b.heartbeats(b.t0, t + 12 * S)
+    for r, i in ids.items():
+        b.end(r, i, t + 10 * S + r * MS, exc=TIMED_OUT)
+        b.exit(r, t + 10 * S + r * MS + 5 * MS, reason="exception", exc=TIMED_OUT)
+    (root,) = [f for f in judged(b) if f.severity == "error"]
+    assert (root.kind, root.group, root.culprits) == ("op_failed", "0", [1, 2]), root.message
+    assert sorted(c["culprits"][0] for c in root.evidence["consequences"] if c["kind"] == "rank_crashed") == [0, 1, 3]
+
+
 def test_an_exception_raised_from_another_says_both_and_its_first_words():
     """torch's pipelining raises ``RuntimeError("\\n   [Stage 1] failed to run forward ...")``
     from the stage's own error: a crash said "RuntimeError: ," (its first line, the type

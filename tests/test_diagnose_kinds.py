@@ -137,8 +137,14 @@ def test_collective_mismatch_shape_reported_even_after_error_and_exit():
 
 
 def test_mismatch_dtype_redop_root():
-    for kw0, kw1, what in (({"dtype": "float32"}, {"dtype": "float16"}, "dtype"),
-                           ({"redop": "sum"}, {"redop": "max"}, "redop")):
+    # (the message says each rank's value: it said "differing: dtype", the values only in
+    # the table, helper-186)
+    for kw0, kw1, what, said in (({"dtype": "float32"}, {"dtype": "float16"}, "dtype",
+                                  "rank 0: all_reduce dtype=float32, rank 1: all_reduce dtype=float32, "
+                                  "rank 2: all_reduce dtype=float16; differing: dtype"),
+                                 ({"redop": "sum"}, {"redop": "max"}, "redop",
+                                  "rank 0: all_reduce redop=sum, rank 1: all_reduce redop=sum, "
+                                  "rank 2: all_reduce redop=max; differing: redop")):
         b = TraceBuilder(3)
         t = b.warmup()
         b.sync(0, t, None, "all_reduce", **kw0)
@@ -147,12 +153,29 @@ def test_mismatch_dtype_redop_root():
         _, f = run(b)
         assert kinds(f) == ["collective_mismatch"] and f[0].culprits == [2]
         assert f[0].evidence["differs"] == [what]
+        assert f[0].message == f"ranks disagree at collective #4 of group 0: {said}; rank(s) 2 differ from the majority"
     b = TraceBuilder(3)
     t = b.warmup()
     for r in range(3):
         b.sync(r, t, t + MS, "broadcast", root=0 if r != 1 else 1)
     _, f = run(b)
     assert kinds(f) == ["collective_mismatch"] and f[0].culprits == [1]
+    assert "rank 0: broadcast root=0, rank 1: broadcast root=1, rank 2: broadcast root=0; differing: root" in \
+        f[0].message, f[0].message
+
+
+def test_a_broadcast_object_list_of_another_length_is_a_mismatch():
+    """The root broadcasts a list of 3 objects where ranks 1 and 2 make room for 2: Gloo
+    aborts them, and they were named "crashed together on host" (helper-191).  The lists'
+    lengths are its shapes, which every rank's must agree in."""
+    b = TraceBuilder(3)
+    t = b.warmup()
+    for r in range(3):
+        b.sync(r, t, None, "broadcast_object_list", root=0, shape=(3,) if r == 0 else (2,))
+    _, f = run(b)
+    assert [(x.kind, x.culprits) for x in f if x.severity == "error"] == [("collective_mismatch", [0])], \
+        [x.message for x in f]
+    assert f[0].evidence["differs"] == ["shape"]
 
 
 def test_gather_root_and_varlen_shapes_are_not_mismatches():
@@ -238,18 +261,20 @@ def test_an_exchange_of_two_ranks_whose_splits_disagree_names_both():
     assert "the splits are not recorded, so every rank is named" in f[0].message
 
 
-@pytest.mark.parametrize("case", ["order", "skip"])
+@pytest.mark.parametrize("case", ["order", "skip", "middle"])
 def test_ranks_that_disagree_on_a_group_s_members_are_a_mismatch(case):
     """Even ranks call new_group([0, 1]) then new_group([2, 3]), odd ranks the other way round
     ("order"), or rank 3 skips new_group([0, 1]) ("skip"): torch names groups by the order
     they were made, so group 1 is [0, 1] to some ranks and [2, 3] to others, and its
     collectives pair rank 0 with rank 3: wrong results, check exit 0 (helper-186).  A
     collective_mismatch per group whose members its ranks state differently, naming those
-    that differ from most (all of them on a tie)."""
+    that differ from most (all of them on a tie).  "middle": groups [0, 1, 3] and [0, 2, 3]
+    made in different orders differ in a middle member only, and read alike (helper-192)."""
     b = TraceBuilder(4)
     t = b.warmup()
     said = {"order": {0: ("1", [0, 1]), 3: ("1", [2, 3]), 1: ("2", [0, 1]), 2: ("2", [2, 3])},
-            "skip": {0: ("1", [0, 1]), 1: ("1", [0, 1]), 3: ("1", [2, 3]), 2: ("2", [2, 3])}}[case]
+            "skip": {0: ("1", [0, 1]), 1: ("1", [0, 1]), 3: ("1", [2, 3]), 2: ("2", [2, 3])},
+            "middle": {0: ("1", [0, 1, 3]), 1: ("1", [0, 1, 3]), 2: ("1", [0, 2, 3])}}[case]
     for r, (name, members) in said.items():
         b.add(r, t, "group", group=name, granks=members, backend="gloo")
         b.sync(r, t + MS, t + 2 * MS, "all_reduce", group=name)
@@ -257,9 +282,37 @@ def test_ranks_that_disagree_on_a_group_s_members_are_a_mismatch(case):
     got = sorted((x.kind, x.group, x.culprits) for x in f if x.severity == "error")
     if case == "order":
         assert got == [("collective_mismatch", "1", [0, 3]), ("collective_mismatch", "2", [1, 2])], [x.message for x in f]
+    elif case == "middle":
+        assert got == [("collective_mismatch", "1", [2])], [x.message for x in f]
+        assert "ranks 0, 1: [0, 1, 3]; rank 2: [0, 2, 3]" in f[0].message, f[0].message
     else:
         assert got == [("collective_mismatch", "1", [3])], [x.message for x in f]
         assert "ranks 0, 1: [0, 1]; rank 3: [2, 3]" in next(x.message for x in f if x.group == "1")
+
+
+@pytest.mark.parametrize("timed_out", [False, True])
+def test_a_send_and_a_recv_that_pair_up_but_never_complete_are_named(timed_out):
+    """Rank 0 sends with tag 1, rank 1 receives with tag 2: the ops pair up by the order they
+    were posted in (tags are not recorded), and both hang.  The job read healthy, exit 0,
+    and after the timeouts "no rank to blame: every member had entered it" (helper-191).
+    Live, an unmatched_p2p naming both (which tag is wrong, nothing says); after, the
+    failure says why."""
+    b = TraceBuilder(2)
+    t = b.warmup()
+    i = b.begin(0, t, "send", peer=1, dir="send", shape=(4,))
+    j = b.begin(1, t + MS, "recv", peer=0, dir="recv", shape=(4,))
+    b.heartbeats(b.t0, t + 12 * S)
+    if timed_out:
+        b.end(0, i, t + 10 * S, exc="RuntimeError: Timed out waiting 10000ms for send operation to complete")
+        b.end(1, j, t + 10 * S + MS, exc="RuntimeError: Timed out waiting 10000ms for recv operation to complete")
+    _, f = run(b)
+    errors = [x for x in f if x.severity == "error"]
+    if timed_out:
+        assert [(x.kind, x.culprits) for x in errors] == [("op_failed", [])], [x.message for x in f]
+        assert "both sides were posted when the timeout fired, and they did not match" in errors[0].message
+        return
+    assert [(x.kind, x.culprits) for x in errors] == [("unmatched_p2p", [0, 1])], [x.message for x in f]
+    assert "pair up by the order they were posted in, but neither completed" in errors[0].message
 
 
 def test_p2p_deadlock_cycle():
@@ -496,6 +549,24 @@ def test_unwaited_work():
     _, f = run(b)
     assert kinds(f) == ["unwaited_work"]
     assert f[0].culprits == [0] and f[0].evidence["count"] == 1
+
+
+@pytest.mark.parametrize("how", [{"reason": "exception", "exc": "RuntimeError: Connection closed by peer"},
+                                 {"reason": "signal", "signal": "Terminated"},
+                                 {"reason": "atexit", "stop_signal": "Interrupt"}])
+def test_a_rank_cut_short_is_not_warned_of_ops_it_never_waited_on(how):
+    """Rank 1 posts an irecv and raises (or is stopped) before its wait(): the exception or
+    the signal skipped the wait, not its code.  Ranks crashed of another's failure were
+    warned "exited with 1 async op(s) never waited on" beside the root (helper-186).  Rank 2
+    has not left."""
+    b = TraceBuilder(3)
+    t = b.warmup()
+    i = b.async_op(1, t, None, None, "irecv", peer=0, dir="recv")
+    b.sync(0, t, t + MS, "send", peer=1, dir="send")
+    b.exit(0, t + 2 * MS)
+    b.exit(1, t + 2 * MS, unwaited=[i], **how)
+    _, f = run(b)
+    assert "unwaited_work" not in kinds(f), [x.message for x in f]
 
 
 @pytest.mark.parametrize("batches", [1, 13])

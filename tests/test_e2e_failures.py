@@ -209,20 +209,27 @@ def died_of(code: int, said: str, exc: str) -> bool:
         said.rfind(exc) < said.rfind(TORCH_TEARDOWN_ABORT))
 
 
-def test_rank_raising_a_python_exception(tmp_path, capsys):
-    """A plain script per rank, so the exception takes the interpreter's own path."""
+def raising_ranks(tmp_path, world: int, *mode: str) -> tuple[str, str, list[subprocess.Popen], list[Path]]:
+    """tests/raising_rank.py as a launcher runs it, a plain process per rank: (store,
+    release file, processes, their stderr logs)."""
     store, release = str(tmp_path / "trace"), str(tmp_path / "release")
     script = str(Path(__file__).with_name("raising_rank.py"))
     port = free_port()
     root = str(Path(__file__).resolve().parents[1])
-    logs = [tmp_path / f"rank{r}.err" for r in range(3)]  # (what a rank said, should its exit surprise)
+    logs = [tmp_path / f"rank{r}.err" for r in range(world)]  # (what a rank said, should its exit surprise)
     procs = []
-    for r in range(3):
+    for r in range(world):
         with logs[r].open("wb") as err:
             procs.append(subprocess.Popen(
-                [sys.executable, script, store, release], stdout=subprocess.DEVNULL, stderr=err, env=dict(
-                    os.environ, RANK=str(r), WORLD_SIZE="3", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                [sys.executable, script, store, release, *mode], stdout=subprocess.DEVNULL, stderr=err, env=dict(
+                    os.environ, RANK=str(r), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                     COMMSCOPE_JOB="raising", PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))))
+    return store, release, procs, logs
+
+
+def test_rank_raising_a_python_exception(tmp_path, capsys):
+    """A plain script per rank, so the exception takes the interpreter's own path."""
+    store, release, procs, logs = raising_ranks(tmp_path, 3)
 
     def alive() -> bool:
         return any(p.poll() is None for p in procs)
@@ -245,9 +252,33 @@ def test_rank_raising_a_python_exception(tmp_path, capsys):
     out = finished(store, capsys)
     assert errors_of(out) == [("rank_crashed", [1])]
     (crash,) = out["findings"]
-    assert crash["evidence"]["culprit_where"].endswith("raising_rank.py:24 in load_batch")
+    assert crash["evidence"]["culprit_where"].endswith("raising_rank.py:27 in load_batch")
     kinds = sorted(c["kind"] for c in crash["evidence"]["consequences"])
     assert kinds == ["op_failed", "rank_crashed", "rank_crashed"]  # ranks 0 and 2 died of the failure it caused
+
+
+def test_a_rank_crashing_after_its_process_group_ended_is_named(tmp_path, capsys):
+    """Rank 1 destroys its process group with rank 0, then raises saving its checkpoint.
+    The exit destroy_process_group wrote said the rank left cleanly, and the crash after it
+    was not recorded: the trace read healthy, exit 0 (helper-186).  A later ending that is
+    not clean is a later exit of the same stream."""
+    store, _, procs, logs = raising_ranks(tmp_path, 2, "after_destroy")
+    try:
+        codes = [p.wait(60) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    said = [log.read_bytes().decode(errors="replace") for log in logs]
+    assert codes[0] == 0 and died_of(codes[1], said[1], "OSError: checkpoint shard 1"), (codes, said)
+    out = finished(store, capsys)
+    assert errors_of(out) == [("rank_crashed", [1])], [f["message"] for f in out["findings"]]
+    (crash,) = out["findings"]
+    assert crash["message"].startswith("rank 1 crashed after its process group ended (destroy_process_group): "
+                                       "OSError: checkpoint shard 1: No space left on device"), crash["message"]
+    assert crash["evidence"]["culprit_where"].endswith("raising_rank.py:33 in save_checkpoint")
+    exits = sorted((e["rank"], e["reason"]) for e in open_source(store).read_all() if e["type"] == "exit")
+    assert exits == [(0, "atexit"), (0, "destroy_process_group"), (1, "destroy_process_group"), (1, "exception")] or \
+        exits == [(0, "destroy_process_group"), (1, "destroy_process_group"), (1, "exception")], exits
 
 
 def test_rank_segfaults(tmp_path, capsys):

@@ -172,6 +172,48 @@ def test_a_console_reading_ahead_holds_what_one_reading_in_its_own_process_holds
         assert gone(proc.pid) and proc.returncode == 0  # (it saw its pipes end: not killed)
 
 
+def test_a_console_reading_ahead_keeps_what_each_failed_op_raised(tmp_path):
+    """A real job: rank 1 SIGKILLed, the others' all_reduce failed.  A console reading ahead
+    that first read the job without those failures, then the blocks that hold them, lost
+    their exception texts (a read process's piece of the poll was taken as one decoded
+    together, which holds none): the survivors' crashes were the root, "ranks 0, 1 crashed
+    together", where check named the dead rank (helper-193).  It holds what check holds."""
+    import failure_workers as W
+
+    from commscope.launch import Job
+
+    src, release = tmp_path / "src", tmp_path / "release"
+    release.touch()
+    job = Job(W.killed, 3, args=(str(src), str(release)), pg_timeout=60).start()
+    try:
+        job.join(BOUND_S)
+    finally:
+        job.kill()
+    (job_dir,) = [d for d in src.iterdir() if d.is_dir()]
+    store = tmp_path / "live"
+    live_dir = store / job_dir.name
+    shutil.copytree(job_dir, live_dir)
+    rest: dict[Path, bytes] = {}
+    for path in live_dir.glob("rank-*.jsonl"):  # (each stream cut before its last block, as a console first reads it)
+        lines = path.read_bytes().splitlines(keepends=True)
+        cut = max(k for k, line in enumerate(lines) if line.startswith(b'{"type":"block"'))
+        path.write_bytes(b"".join(lines[:cut]))
+        rest[path] = b"".join(lines[cut:])
+    feed = Feed(_ahead(str(store)), hang_after=10.0)
+    assert isinstance(feed.reader, ReadAhead)
+    _until(feed, lambda: feed.reader.read_once and feed.model.events)
+    assert not any(feed.model.ranks[r].exc for r in feed.model.ranks)  # (the failures come after)
+    for path, data in rest.items():
+        with path.open("ab") as f:
+            f.write(data)
+    want = _reference(str(store))
+    _until(feed, lambda: feed.model.events == want[0])
+    assert _summary(feed.model, feed.model.end_ns) == want
+    assert want[3] == [("dead_rank", (1,))], want[3]
+    assert sorted(r for r in feed.model.ranks if feed.model.ranks[r].exc) == [0, 2]
+    feed.reader.close()
+
+
 @pytest.mark.parametrize(("processes", "when"), [(1, "at_start"), (1, "inside_the_first_read"), (1, "mid_run"),
                                                   (3, "at_start"), (3, "inside_the_first_read"), (3, "mid_run")])
 def test_a_read_process_killed_is_read_again_here_nothing_lost_or_counted_twice(tmp_path, processes, when):

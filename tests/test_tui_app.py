@@ -206,9 +206,12 @@ def test_the_timeline_and_rank_table_keys_work_whichever_pane_has_the_focus():
         await pilot.press("c")
         await pilot.pause()
         assert tl.mode != mode
+        assert app.top.border_title == "timeline"
         await pilot.press("x")
         await pilot.pause()
         assert tl.only_findings and sorted(int(r.key[1:]) for r in tl.rows) == [2]
+        # (the pane says what it hides while it hides it: a toast said it, helper-188)
+        assert app.top.border_title == "timeline  [dim](x: only the 1 rank(s) named in findings)[/dim]"
         await pilot.press("s")
         await pilot.pause()
         assert table._sort_col != sort

@@ -31,7 +31,7 @@ from commscope.analysis.findings import (
     secs,
 )
 from commscope.analysis.indexes import GroupIndex
-from commscope.analysis.model import COLL, SPACE_FR, SPACE_NATIVE, TraceModel, untimed
+from commscope.analysis.model import COLL, SPACE_FR, SPACE_NATIVE, MembersPrint, TraceModel, untimed
 from commscope.analysis.ranks import ranges
 from commscope.analysis.rankstate import snapshot
 from commscope.analysis.vocab import FR_IMPORT
@@ -421,7 +421,7 @@ def _mismatch(model: TraceModel, gi: GroupIndex, row: int, codes: np.ndarray, no
     maj_rank = next((r for r, c in by_rank.items() if c == majority), None)
     op_name = model.sig_of(maj_rank, ops[maj_rank]).op if maj_rank is not None else "/".join(names)
     diff = _what_differs([model.sig_of(r, i) for r, i in ops.items()])
-    did = {r: table[str(r)]["op"] + (f" {_shapes_text(table[str(r)])}" if "shape" in diff else "") for r in sorted(ops)}
+    did = {r: _call_text(table[str(r)], diff) for r in sorted(ops)}
     msg = (f"ranks disagree at collective #{seq} of group {gi.name}: " + _who_ran(did) +
            (f"; differing: {', '.join(diff)}" if diff else "") +
            (_undecided(lost, coming, ran) if undecided else "; tie, so every rank is named" if tie else
@@ -452,7 +452,7 @@ def find_group_disagreements(model: TraceModel) -> list[Finding]:
             continue
         tie = counts[0][1] == counts[1][1]
         culprits = sorted(views) if tie else sorted(r for r, v in views.items() if v != counts[0][0])
-        said: dict[tuple[int, int, int], list[int]] = {}
+        said: dict[MembersPrint, list[int]] = {}
         for r, v in sorted(views.items()):
             said.setdefault(v, []).append(r)
         members = {v: model.group_members_of[(name, who, v)] for v in said}
@@ -649,6 +649,19 @@ def _shapes_text(brief: dict) -> str:
     all where it holds only the first (``findings.BRIEF_TENSORS``)."""
     total = brief.get("in_shapes_total")
     return f"{brief.get('in_shapes')}" + (f" (the first of {total:,} tensors)" if total else "")
+
+
+def _call_text(brief: dict, differs: list[str]) -> str:
+    """A rank's call as a mismatch's message quotes it: its op, and its value of each other
+    field the ranks differ in ('all_reduce dtype=float16', 'broadcast root=1'): the message
+    said only "differing: dtype", the values in the table (helper-186)."""
+    said = [str(brief["op"])]
+    if "shape" in differs:
+        said.append(_shapes_text(brief))
+    if "dtype" in differs:
+        said.append(f"dtype={'/'.join(map(str, brief.get('in_dtypes') or ['?']))}")
+    said.extend(f"{k}={brief.get(k, 'none')}" for k in ("redop", "root") if k in differs)
+    return " ".join(said)
 
 
 def _what_differs(sigs: list) -> list[str]:

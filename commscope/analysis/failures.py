@@ -53,6 +53,7 @@ from commscope.analysis.model import (
 )
 from commscope.analysis.rankstate import ARRIVAL_SLACK_NS, SLACK_NS, snapshot
 from commscope.analysis.vocab import describe_kill
+from commscope.events import DESTROYED
 
 #: Failed instances reported in full per finding; more with the same blame are counted.
 FAILED_REPORT = 5
@@ -203,6 +204,12 @@ class _Arrivals:
         if world is not None and any(m >= world for m in absent):
             nowhere = min(m for m in absent if m >= world)
             return Blame((self.r,), "local", f"rank {self.r}'s peer: " + no_such_peer_text(nowhere, world))
+        if not absent and self.key_p2p:
+            # (a send and a recv that pair up by order, each posted, each waited out: they did
+            # not match; a send with tag 1 and a recv with tag 2 said "every member had
+            # entered it", helper-191.  Which side is wrong, nothing recorded says.)
+            return Blame((), "unknown", f"both sides were posted when {when}, and they did not match "
+                                        "(their tags, not recorded, or sizes differ)")
         if not absent:
             return Blame((), "unknown", f"every member had entered it when {when}")
         if not self.model.p2p:
@@ -320,6 +327,8 @@ def held_by_peer(model: TraceModel, m: int, t: int, came: set[int] | frozenset[i
         if failed is None or (last is not None and int(rt.begin[last]) > model.failed_ns(m, failed)) or \
                 model.exc_kind(m, failed).kind not in (TIMEOUT, PEER_GONE):
             return None  # (an op that raised on its own rank: its own doing, no wait)
+        if since is not None and model.failed_ns(m, failed) < since:
+            return None  # (it failed before the others began to wait: it sat idle since, helper-192)
         held = [failed]
     for i in held:
         s = model.sig_of(m, i)
@@ -466,7 +475,11 @@ def find_failed_ops(model: TraceModel, now: int, failures: list[Failure]) -> lis
             ev.later = [{"instance": list(x.key), "ranks": sorted(x.failed),
                          "exc": first_line(model.ranks[min(x.failed)].exc[x.failed[min(x.failed)]], 120)}
                         for x in fs[1:1 + FAILED_REPORT]]
-        victims = {r: f.blame.culprits for r in f.failed if r not in f.blame.culprits}
+        # (a rank that caught the failure and went on waits on nobody for it: its stale edge
+        # blamed a later hang of a group it is not in on the failure's culprit, helper-192;
+        # unless it went on into a later failure of the same blame, as monitored_barrier again)
+        stays = {r for x in fs for r, i in x.failed.items() if r in f.failed and not _went_on(model, r, i)}
+        victims = {r: f.blame.culprits for r in f.failed if r not in f.blame.culprits and r in stays}
         members = sorted(set(model.members(r0, i0)) | set(f.failed))
         # (the user stopped a running job: nothing failed that anyone should mend, so no error,
         # and check exits 0 on it, not 1 (helper-176); one stopped while hung names the hang)
@@ -475,6 +488,17 @@ def find_failed_ops(model: TraceModel, now: int, failures: list[Failure]) -> lis
                            list(f.blame.culprits), msg, ev, ts=f.first_ns, victims=victims,
                            instances=tuple(x.key for x in fs), severity=WARNING if stopped else ""))
     return out
+
+
+def _went_on(model: TraceModel, r: int, i: int) -> bool:
+    """Whether rank ``r`` began another op after its op ``i`` failed (it caught the error),
+    not the same op again, in flight (a retry waits on what the first attempt waited on)."""
+    rt = model.ranks[r]
+    last = model.last_op(r, completed=False)
+    if last is None or last == i or int(rt.begin[last]) <= model.failed_ns(r, i):
+        return False
+    was, now = model.sig_of(r, i), model.sig_of(r, last)
+    return not (rt.comp[last] == 0 and (now.op, now.group) == (was.op, was.group))
 
 
 def death_message(ex: dict, limit: int = 140) -> str:
@@ -517,16 +541,19 @@ def find_crashes(model: TraceModel, now: int, failures: list[Failure]) -> list[F
             if rt.exc[i] == ex.get("exc") or i == last or (last is not None and rt.parent[last] == i):
                 cause = blame_of.get((r, i))
         act = activity(model, r, now)
-        # (where it crashed: in the op whose failure it crashed of, else the last blocking op in
-        # flight, not an async op it posted and had not waited for: "crashed in irecv #1 ...
-        # (inside all_reduce)" where all_reduce #2 raised, helper-186)
+        # (where it crashed: in the op whose failure it crashed of, else the last op in flight
+        # it was blocked in, not an async op it posted and had not waited for: "crashed in
+        # irecv #1 ... (inside all_reduce)" where all_reduce #2 raised, helper-186; an async op
+        # whose wait() it was in is one, helper-190)
         pending = model.inflight(r)
-        blocking = [i for i in pending if not model.sig_of(r, i).is_async]
+        blocking = [i for i in pending if rankstate.is_blocked_in(model, r, i)]
         at_op = failed[-1] if cause is not None else (blocking or pending or [None])[-1]
         what = crash_cause(ex)
         if at_op is not None:
             act["in_op"] = op_brief(model, r, at_op, now)
             where = f"in {model.label(r, at_op)}"
+        elif any(e.get("reason") == DESTROYED and e["ts"] <= t for e in rt.exits):
+            where = "after its process group ended (destroy_process_group)"  # (a checkpoint's save, say)
         elif act.get("last_completed_op"):
             where = f"after {model.label(r, model.op_index(r, act['last_completed_op']['id']))}"
         else:

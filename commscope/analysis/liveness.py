@@ -13,6 +13,7 @@ from commscope.analysis.failures import cause_of_departure
 from commscope.analysis.findings import Finding, activity, op_brief, secs
 from commscope.analysis.model import TraceModel, describe_kill
 from commscope.analysis.rankstate import snapshot
+from commscope.analysis.vocab import is_kill, stopped
 from commscope.units import sample_text
 
 
@@ -151,9 +152,18 @@ def find_dead(model: TraceModel, now: int, failures: list | None = None) -> list
 
 
 def find_unwaited(model: TraceModel, now: int) -> list[Finding]:
+    """unwaited_work for each rank that left of its own accord with async ops it never
+    waited on.  Not for a rank that crashed or was killed or stopped: the exception or the
+    signal cut the program short of its waits (ranks crashed of another's failure were
+    warned of irecvs their code does wait on: helper-186)."""
     out = []
     for r in model.rank_ids() if model.exits_seen else ():  # (exits list them: none, no walk of 16k ranks)
         rt = model.ranks[r]
+        if not rt.exits:
+            continue
+        last = rt.exits[-1]
+        if rankstate.is_crash(last) or is_kill(last) or stopped(last) or last.get("stop_signal"):
+            continue
         seen: dict[int, None] = {}  # ordered set: an exit may list thousands of ids
         ex_ts = 0
         counted = 0  # the recorder's count of them all (an exit lists the first 1,000)

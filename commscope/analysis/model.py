@@ -413,17 +413,25 @@ class _Live(NamedTuple):
         every = len(pos) == len(recs_list)
         records = recs_list if every else [recs_list[k] for k in pos]
         start = [0, *np.cumsum(described.sizes[pos]).tolist()]
+        exc: np.ndarray | None = None
         if spans is not None and every:  # (the records' columns are one slice of the poll's)
             a, b = int(spans.start[0]), int(spans.start[-1])
             cols: dict[str, np.ndarray] | None = {c: getattr(spans.whole, c)[a:b] for c in cls.COLUMNS}
+            # (those of a poll decoded together have none; a piece a read process packed has
+            # its streams' texts: taken as none, a console reading ahead lost every failure's
+            # exception, and ranks that crashed of a dead rank's failure were its root: helper-193)
+            exc = np.zeros(len(records), np.bool_)
+            if spans.whole.exc:
+                rows = np.fromiter(spans.whole.exc, np.int64, len(spans.whole.exc))
+                rows = rows[(rows >= a) & (rows < b)]
+                exc[np.searchsorted(spans.start, rows, side="right") - 1] = True
         else:
             cols = _spanned(records, start)
         if cols is None:
             cols = dict(zip(cls.COLUMNS, map(np.concatenate, zip(*map(_COLUMNS_OF_RECORDS, records), strict=True)),
                             strict=True))
+        if exc is None:
             exc = np.fromiter(map(bool, map(_EXC_OF_RECORDS, records)), np.bool_, len(records))
-        else:  # (slices of what a reader decoded together have no exception texts)
-            exc = np.zeros(len(records), np.bool_)
         begun = np.flatnonzero(cols["phase"] == PH_BEGIN)
         who = np.searchsorted(np.array(start), begun, side="right") - 1
         return cls(pos, start, cols, who, begun, described.ranks[pos], exc, [], [], [], [])
@@ -747,6 +755,22 @@ def touched_since(log: Sequence[tuple[int, int]], current: int, version: int) ->
 EMPTY_VIEW = ModelView(0, 0, 0, {}, (), np.zeros(0, np.int32), 0, {})
 
 
+#: A group's members as a rank stated them, in little: their count, first, last, and a hash
+#: of them all where they are few enough to hash at every rank's statement
+MembersPrint = tuple[int, int, int, int]
+#: Groups past this many members are told apart by count, first and last alone: 16,384 ranks
+#: each hashing a world of 16,384 would cost seconds of load (subgroups made in different
+#: orders are the tp and dp groups, well under it)
+HASHED_MEMBERS = 1024
+
+
+def members_print(granks: list) -> MembersPrint:
+    """``MembersPrint`` of a ``group`` event's members: statements that differ in a middle
+    member only ({0,1,3} against {0,2,3}) were the same (helper-192)."""
+    whole = hash(tuple(granks)) if len(granks) <= HASHED_MEMBERS else 0
+    return len(granks), int(granks[0]), int(granks[-1]), whole
+
+
 class TraceModel:
     """The whole trace; see the module docstring.  Build with ``ingest`` (repeatedly)."""
 
@@ -826,14 +850,14 @@ class TraceModel:
         #: state the group said (``groups`` is the first statement of a stream kept in)
         self._said_groups: dict[str, dict[tuple, list[int]]] = {}
         #: group -> (job, run, incarnation) -> rank -> the members that rank stated, by their
-        #: count, first and last (a fingerprint: each rank's world of 16,384 members kept whole
-        #: was 2 GiB, helper-190): ranks that disagree made their groups in different orders,
-        #: or some skipped one (``collectives.find_group_disagreements``)
-        self.group_views: dict[str, dict[tuple, dict[int, tuple[int, int, int]]]] = {}
+        #: fingerprint (``members_print``: each rank's world of 16,384 members kept whole was
+        #: 2 GiB, helper-190): ranks that disagree made their groups in different orders, or
+        #: some skipped one (``collectives.find_group_disagreements``)
+        self.group_views: dict[str, dict[tuple, dict[int, MembersPrint]]] = {}
         #: the (group, run)s whose ranks' fingerprints differ, and each fingerprint's members
         #: as its first rank stated them: the few ``find_group_disagreements`` looks at
         self.group_disputes: set[tuple[str, tuple]] = set()
-        self.group_members_of: dict[tuple[str, tuple, tuple[int, int, int]], list[int]] = {}
+        self.group_members_of: dict[tuple[str, tuple, MembersPrint], list[int]] = {}
         self._group_by: dict[str, tuple] = {}  # group -> whose statement ``groups`` holds
         self.changed: frozenset[int] = frozenset()
         #: (version, the earliest begin among the ops its batch changed; I64_MIN: not known) of
@@ -2214,7 +2238,7 @@ class TraceModel:
                 if isinstance(granks, list) and granks:  # (each rank's, first: ``find_group_disagreements``)
                     views = self.group_views.setdefault(name, {}).setdefault(who, {})
                     if rt.rank not in views:
-                        fp = (len(granks), int(granks[0]), int(granks[-1]))
+                        fp = members_print(granks)
                         if views and fp != next(iter(views.values())):
                             self.group_disputes.add((name, who))
                         views[rt.rank] = fp

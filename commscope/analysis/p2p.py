@@ -208,9 +208,9 @@ def find_p2p(model: TraceModel, now: int, hang_ns: int,
     """One p2p_deadlock a set of ranks that wait for each other (its message and evidence
     show a shortest cycle among them), one unmatched_p2p a blocked op outside any."""
     edges = _edges(model, now, hang_ns, drawn)
+    out: list[Finding] = _stuck_pairs(model, now, hang_ns)
     if not edges:
-        return []
-    out: list[Finding] = []
+        return out
     in_cycle: set[tuple[int, int]] = set()  # (rank, op index)
     for part in _components(edges):
         members = set(part)
@@ -245,6 +245,40 @@ def find_p2p(model: TraceModel, now: int, hang_ns: int,
             i = any_source[0][1]
             if (r, i) not in in_cycle:
                 out.append(_unmatched(model, r, i, sorted({p for p, _ in any_source}), now, any_source=True))
+    return out
+
+
+def _stuck_pairs(model: TraceModel, now: int, hang_ns: int) -> list[Finding]:
+    """unmatched_p2p naming both ranks of a send and a recv that pair up by the order they
+    were posted in, each blocked in its side hang_after or longer: they did not match after
+    all, their tags (not recorded) or their sizes differing.  A send with tag 1 and a recv
+    with tag 2 hung until the timeout, and the job read healthy, exit 0 (helper-191)."""
+    out: list[Finding] = []
+    now_blocked = rankstate.blocked_ranks(model)
+    apart = model.kept_apart
+    for r in sorted(_in_p2p(model, now_blocked)):
+        rt = model.ranks[r]
+        if r in apart or rankstate.left_early(model, r, now):
+            continue
+        for i in now_blocked[r]:
+            s = model.sigs[int(rt.sig[i])]
+            peer, seq = int(rt.peer[i]), int(rt.seq[i])
+            if not s.flags & SEND or s.nested or peer < 0 or seq < 0 or peer in apart or peer not in now_blocked:
+                continue  # (each pair once, from its send)
+            j = model.p2p_pair(s.group, r, peer, seq, s.space)[1]
+            if j is None or j not in now_blocked[peer] or rankstate.left_early(model, peer, now):
+                continue
+            since = max(rankstate.blocked_since(model, r, i), rankstate.blocked_since(model, peer, j))
+            if min(rankstate.waited_until(model, r, now), rankstate.waited_until(model, peer, now)) - since < hang_ns:
+                continue
+            sent, got = _step(model, r, i, now), _step(model, peer, j, now)
+            waited = min(sent["blocked_s"], got["blocked_s"])
+            msg = (f"{model.label(r, i)} (rank {r}, at {s.site or '?'}) and {model.label(peer, j)} (rank {peer}, "
+                   f"at {model.sig_of(peer, j).site or '?'}) pair up by the order they were posted in, but neither "
+                   f"completed in {waited:.1f} s: they do not match (their tags, not recorded, or sizes differ)")
+            ev = Unmatched(blocked_op=sent, expected="", peer_activity={str(peer): activity(model, peer, now)})
+            out.append(Finding("unmatched_p2p", s.group, seq, s.op, sorted((r, peer)), sorted((r, peer)), msg, ev,
+                               ts=since))
     return out
 
 

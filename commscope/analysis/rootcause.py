@@ -64,6 +64,7 @@ import re
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from commscope.analysis import rankstate
 from commscope.analysis.components import strongly_connected
 from commscope.analysis.errors import first_line
 from commscope.analysis.failures import death_message, instance_key
@@ -202,11 +203,26 @@ def resolve(model: TraceModel, findings: list[Finding], now: int,
     # 2. follow victims to the ranks they wait on
     chased = _chase(_waits(errors))
 
+    def went_on(c: int, t: int) -> bool:
+        """Whether rank ``c`` waits now, or last began an op, only since ``t``."""
+        now_in = rankstate.blocked(model, c)
+        if now_in:
+            return min(rankstate.blocked_since(model, c, i) for i in now_in) > t
+        last = model.last_op(c, completed=False)
+        return last is not None and int(model.ranks[c].begin[last]) > t
+
     def roots_of(f: Finding) -> set[int] | None:
         if f.kind == "op_failed" and f.evidence.get("blame", {}).get("reason") == "local":
             return set(f.culprits)  # (its own doing: what its rank waits on later explains none of it)
         out: set[int] = set()
         for c in f.culprits:
+            if f.kind in ("op_failed", "collective_mismatch") and went_on(c, f.ts):
+                # (where it went after the failure, or the call that did not match, explains
+                # none of it: a broadcast's root that passed the wrong size went on to the next
+                # all_reduce, which failed on the ranks the mismatch aborted, and the mismatch
+                # was folded into that failure blamed on them: helper-191, helper-192)
+                out.add(c)
+                continue
             got = chased(c)
             if got is None:
                 return None
@@ -221,7 +237,21 @@ def resolve(model: TraceModel, findings: list[Finding], now: int,
         else:
             consequences.append((f, r))
     roots.sort(key=lambda f: (_RANK.get(f.kind, 99), f.ts))
-    roots, held = _crashed_of_failures(model, roots, {f.culprits[0] for f in errors if f.kind in DEPARTED})
+    departed = {f.culprits[0] for f in errors if f.kind in DEPARTED}
+    # (a failure led elsewhere but to ranks not all gone may hold a crash of it too: rank 1,
+    # crashed of W's timeout blamed on ranks 0, 1 and 2, took W's failure in, and rank 2, idle
+    # and alive, was named nowhere: helper-192)
+    led = [(f, want) for f, want in consequences if f.kind == "op_failed" and want and not want <= departed]
+    roots, held = _crashed_of_failures(model, roots + [f for f, _ in led], departed)
+    took = {id(t) for t in held.values()}
+    for f, want in led:
+        if id(f) not in took:  # (no crash of it: a consequence still, as found)
+            roots = [t for t in roots if t is not f]
+        else:  # (a crash folded into it: the root, naming where it led)
+            consequences = [(g, w) for g, w in consequences if g is not f]
+            f.evidence["named_through"] = sorted(f.culprits)
+            f.culprits = sorted(want)
+    roots.sort(key=lambda f: (_RANK.get(f.kind, 99), f.ts))
     rooted = {id(f) for f in roots}
     died_in = {r: t for r, t in died_in.items() if id(t) in rooted}  # (a mismatch folded elsewhere: not)
     gone = {f.culprits[0] for f in roots if f.kind in DEPARTED} | held.keys()
@@ -238,8 +268,13 @@ def resolve(model: TraceModel, findings: list[Finding], now: int,
         nobody, its message "blamed on rank 0" (helper-186)."""
         if f.kind in DEPARTED:  # (a departure is its own, and names its rank)
             return None
-        return next((t for t in unblamed if t is not f and f.culprits and set(f.culprits) <= t.victims.keys()),
-                    None)
+
+        def held(t: Finding) -> bool:  # (in it when ``f`` came: not one begun after, helper-192)
+            failed = t.evidence.get("failed") or {}
+            return all(int(failed.get(str(c), {}).get("begin_ns", f.ts + 1)) <= f.ts for c in f.culprits)
+
+        return next((t for t in unblamed if t is not f and f.culprits and set(f.culprits) <= t.victims.keys()
+                     and held(t)), None)
 
     def home(f: Finding, want: set[int] | None) -> Finding | None:
         if want is None:  # waiting for its blame: belongs with the failure that will give it

@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from commscope.events import signature_key
+from commscope.events import DESTROYED, signature_key
 
 S = 1_000_000_000  # ns per second
 T0 = 1_700_000_000 * S
@@ -165,7 +165,7 @@ def liveness_trace() -> tuple[TraceBuilder, int, int]:
     b.collective(t, "all_reduce")
     waiting = b.async_op(1, t + S, t + 2 * S, None, "all_reduce")
     b.sync(0, t + S, None, "all_reduce")
-    b.exit(2, t + 3 * S, reason="destroy_process_group")
+    b.exit(2, t + 3 * S, reason=DESTROYED)
     return b, t, waiting
 
 

@@ -35,7 +35,7 @@ import numpy as np
 import orjson
 
 from commscope import blocks, dtypes, optable
-from commscope.events import signature_key
+from commscope.events import DESTROYED, signature_key
 from commscope.schema import SCHEMA_VERSION
 from commscope.store import open_writer
 
@@ -293,8 +293,8 @@ def rank_lines(shape: JobShape, rank: int, job: str, store: str, base: np.ndarra
     lines = [_meta(shape, rank, job, store, shape.t0), *(line for _, line in items)]
     events += 1
     if shape.fault == "healthy":
-        lines.append(b'{"type":"exit","ts":%d,"reason":"destroy_process_group","v":%d,"rank":%d}' % (
-            t_end + 1000, SCHEMA_VERSION, rank))
+        lines.append(b'{"type":"exit","ts":%d,"reason":"%s","v":%d,"rank":%d}' % (
+            t_end + 1000, DESTROYED.encode(), SCHEMA_VERSION, rank))
         events += 1
     return lines, events, ops
 

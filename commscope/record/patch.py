@@ -28,6 +28,7 @@ from typing import Any
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
+from commscope import events
 from commscope.record.importhook import AfterImportLoader
 from commscope.record.opsource import OpSource
 
@@ -74,7 +75,7 @@ def _destroy_wrapper(orig: Any) -> Any:
         source = ACTIVE
         if source is not None and (group is None or group is default_group()):
             try:
-                source.rec.mark_exit("destroy_process_group")
+                source.rec.mark_exit(events.DESTROYED)
                 source.rec.flush(timeout=1.0)
             except Exception:
                 pass

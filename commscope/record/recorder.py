@@ -127,6 +127,7 @@ class Recorder:
         self.exit_token = 0  # one more each ``sys.exit`` noted (``_ExitNoted``)
         self.exit_frame: Any = None  # the main thread's outermost frame at that ``sys.exit``
         self.exited = False
+        self._ended_by: str | None = None  # the reason ``mark_exit`` last noted
         self._exit: tuple[int, str, int | None] | None = None  # (ts, reason, exit code) once marked
         #: when a KeyboardInterrupt left the program uncaught (Ctrl-C, a SIGINT: ``_excepthook``);
         #: its exit says the rank was stopped (``stop_signal``), as a SIGTERM its handler took
@@ -235,7 +236,7 @@ class Recorder:
         forwarder: the thread's next tick, a reader).  Under the tick lock."""
         self._do_tick(final=True, deadline=deadline, forward=False)
         self.outbox = self._new_outbox()
-        self.exited, self._exit, self.crash, self.interrupted = False, None, None, None
+        self.exited, self._ended_by, self._exit, self.crash, self.interrupted = False, None, None, None, None
         self._exit_line, self._exit_stored, self._exit_kept = None, False, False
         self._spool_tried, self._no_spool = False, None
         self._stored_noted = -1
@@ -349,10 +350,17 @@ class Recorder:
         self.ops.install()
 
     def mark_exit(self, reason: str, code: int | None = None) -> None:
-        """Note a shutdown once; its ``exit`` event follows everything recorded before."""
+        """Note a shutdown once; its ``exit`` event follows everything recorded before.
+
+        After ``destroy_process_group`` wrote its exit, an ending that is not clean (an
+        uncaught exception, a failing code) is noted again, as a later exit: a rank that
+        crashed saving its checkpoint after the group ended read healthy (helper-186)."""
         if self.exited:
-            return
-        self.exited = True
+            if not (self._ended_by == events.DESTROYED and not self.group_alive and (self.crash or code)):
+                return
+            with self._exit_lock:  # (the destroy's exit is out: this one follows it)
+                self._exit_line, self._exit_stored, self._exit_kept = None, False, False
+        self.exited, self._ended_by = True, reason
         self._exit = (time.time_ns(), reason, code)
 
     def stop(self, reason: str = "uninstrument", timeout: float | None = None, code: int | None = None) -> None:

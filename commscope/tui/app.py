@@ -139,7 +139,7 @@ class CommscopeApp(App):
         yield Footer()
 
     def on_mount(self) -> None:
-        self.top.border_title = "timeline"
+        self.top.border_title = self.timeline.pane_title()
         self.left.border_title = "ranks  [dim](r: GPU)[/]"
         self.findings_panel.border_title = "findings"
         self.detail.border_title = "detail"
@@ -224,6 +224,7 @@ class CommscopeApp(App):
         self.timeline.hang_after_ns = int(self.feed.hang_after() * 1e9)
         flagged = flagged_ranks(findings, len(self.feed.model.ranks))
         self.timeline.set_flagged(flagged)
+        self.top.border_title = self.timeline.pane_title()
         self.ranks_table.flagged = flagged
         self.timeline.on_model_update(self._now())
         self._fit_timeline()
@@ -505,6 +506,7 @@ class CommscopeApp(App):
 
     def action_filter_findings(self) -> None:
         self.timeline.action_filter_findings()
+        self.top.border_title = self.timeline.pane_title()
 
     def action_cycle_sort(self) -> None:
         self.ranks_table.action_cycle_sort()

@@ -15,6 +15,7 @@ from textual.strip import Strip
 
 from commscope.analysis.model import RankState, TraceModel
 from commscope.analysis.rankstate import ending, last_op_before, rank_state, sample_at
+from commscope.events import DESTROYED
 from commscope.tui import palette
 from commscope.tui.feed import REPLAY
 from commscope.tui.fmt import compact_size, duration, percent
@@ -43,7 +44,7 @@ NAME_ROOM = 12  # op names longer than this are abbreviated, deliberately, never
 # all_gather_into_tensor -> ag_tensor, reduce_scatter_tensor -> rs_tensor, all_to_all_single -> a2a_single.
 _ABBREV = [("all_gather", "ag"), ("reduce_scatter", "rs"), ("all_to_all", "a2a"), ("all_reduce", "ar"),
            ("_into_tensor", "_tensor"), ("_coalesced", "_coal"), ("broadcast", "bcast"), ("_tensors", "_t")]
-_REASONS = {"destroy_process_group": "destroy_pg"}
+_REASONS = {DESTROYED: "destroy_pg"}
 
 
 def abbreviate(name: str, room: int = NAME_ROOM) -> str:

@@ -859,6 +859,15 @@ class Timeline(ScrollView, can_focus=True):
         self.notify(f"timeline rows: {self.mode}", timeout=2)
         self.refresh()
 
+    def pane_title(self) -> str:
+        """The timeline pane's title: while ``x`` hides ranks, saying so (only a toast said
+        it, gone in 2 s while the rows stayed few: helper-188)."""
+        if not self.only_findings:
+            return "timeline"
+        shown = f"only the {len(self.flagged):,} rank(s) named in findings" if self.flagged else \
+            "ranks named in findings only: none named, all shown"
+        return f"timeline  [dim](x: {shown})[/]"
+
     def action_filter_findings(self) -> None:
         self.only_findings = not self.only_findings
         self.rebuild_rows()
