@@ -6,9 +6,12 @@ uncaught, ``sys.excepthook``, interpreter exit.  The other ranks' all_reduce the
 they wait for the test's release file and let that exception go uncaught too.
 
 With ``after_destroy``, every rank runs its 10 steps and destroys its process group, and
-rank 1 then raises saving its checkpoint: a crash after the group ended.
+rank 1 then raises saving its checkpoint: a crash after the group ended; ``world``: the
+group destroyed as ``destroy_process_group(dist.group.WORLD)``; ``segv``: rank 1 dies of a
+segfault instead; ``full``: the store refuses rank 1's writes once the group ended (the
+disk its checkpoint filled is the store's).
 
-    python raising_rank.py STORE RELEASE [after_destroy]
+    python raising_rank.py STORE RELEASE [after_destroy [world|segv|full]]
 """
 
 import os
@@ -38,10 +41,25 @@ def main() -> None:
     dist.init_process_group("gloo", timeout=timedelta(seconds=60))
     commscope.instrument(store, hang_after=2.0, sample_interval=0.2)
     rank = dist.get_rank()
-    if sys.argv[3:] == ["after_destroy"]:
+    if sys.argv[3:4] == ["after_destroy"]:
+        how = sys.argv[4] if len(sys.argv) > 4 else ""
         for _ in range(10):
             dist.all_reduce(torch.ones(8))
-        dist.destroy_process_group()
+        dist.destroy_process_group(dist.group.WORLD if how == "world" else None)
+        if how == "full" and rank == 1:
+            from commscope.record.recorder import active
+            from commscope.store import StoreError
+
+            active().flush(timeout=5.0)  # (the destroy's exit stored)
+
+            def refuse(*_args, **_kwargs):
+                raise StoreError("No space left on device", 0)
+
+            active().outbox.writer.write = refuse
+        if how == "segv" and rank == 1:
+            import ctypes
+
+            ctypes.string_at(0)
         save_checkpoint(rank)
         return
     try:

@@ -184,6 +184,22 @@ def test_a_broadcast_root_with_the_wrong_size_is_named_not_the_ranks_it_aborted(
     assert {(c["kind"], tuple(c["culprits"])) for c in f[0].evidence["consequences"]} >= {("op_failed", (1, 2))}
 
 
+def test_a_crash_after_a_re_init_is_said_after_its_last_op():
+    """Rank 1 destroyed its group, initialised again, ran on and crashed: its crash was said
+    "after its process group ended", the first incarnation's exit taken for its end
+    (helper-194).  It crashed after its last op."""
+    b = TraceBuilder(2)
+    t = b.warmup()
+    for r in range(2):
+        b.exit(r, t + MS, reason="destroy_process_group")
+    t = b.collective(t + 2 * MS, "all_reduce") + MS
+    b.exit(1, t + MS, reason="exception", exc="ValueError: corrupt batch")
+    b.heartbeats(b.t0, t + S)
+    f = judged(b)
+    crash = next(x for x in f if x.kind == "rank_crashed")
+    assert crash.message.startswith("rank 1 crashed after all_reduce #"), crash.message
+
+
 def judged(b: TraceBuilder, hang_after: float = 3.0):
     """The findings of the whole trace, read at once, judged at its end."""
     m = TraceModel()
@@ -293,6 +309,12 @@ def test_an_exception_raised_from_another_says_both_and_its_first_words():
         said = fmt_exc(e)
     assert said.endswith("\n(raised from ValueError: stage 1: shape bug)"), said
     assert first_line(said) == "RuntimeError: [Stage 1] failed to run forward:"
+    # (a crash's message says the cause too: it said only the stage's line, the cause in the
+    # JSON alone, helper-191)
+    from commscope.analysis.failures import death_message
+
+    assert death_message({"exc": said}) == ("RuntimeError: [Stage 1] failed to run forward: "
+                                            "(raised from ValueError: stage 1: shape bug)")
     assert first_line("RuntimeError: [../pair.cc:537] Read error") == "RuntimeError: Read error"
     assert fmt_exc(ValueError("plain")) == "ValueError: plain"
     # (what it was raised from is not its own words: a local error raised while handling a

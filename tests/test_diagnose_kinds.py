@@ -154,6 +154,15 @@ def test_mismatch_dtype_redop_root():
         assert kinds(f) == ["collective_mismatch"] and f[0].culprits == [2]
         assert f[0].evidence["differs"] == [what]
         assert f[0].message == f"ranks disagree at collective #4 of group 0: {said}; rank(s) 2 differ from the majority"
+    # (as compared: the inputs' and outputs' dtypes together; it quoted rank 2's input alone,
+    # alike, where its output differed, helper-194)
+    b = TraceBuilder(3)
+    t = b.warmup()
+    for r in range(3):
+        b.sync(r, t, None, "all_gather", dtype="float32", out_dtypes=["float16" if r == 2 else "float32"])
+    _, f = run(b)
+    assert kinds(f) == ["collective_mismatch"] and f[0].culprits == [2]
+    assert "rank 1: all_gather dtype=float32, rank 2: all_gather dtype=float16/float32;" in f[0].message, f[0].message
     b = TraceBuilder(3)
     t = b.warmup()
     for r in range(3):
@@ -313,6 +322,31 @@ def test_a_send_and_a_recv_that_pair_up_but_never_complete_are_named(timed_out):
         return
     assert [(x.kind, x.culprits) for x in errors] == [("unmatched_p2p", [0, 1])], [x.message for x in f]
     assert "pair up by the order they were posted in, but neither completed" in errors[0].message
+
+
+def test_sends_and_recvs_that_never_match_at_one_pair_of_sites_are_one_finding():
+    """Two stages' sends and recvs of one pair of call sites, none matching: one finding
+    naming the four ranks (8,192 pairs at 16,384 ranks made as many errors, 2 s a diagnosis:
+    helper-194).  A peer that came just after a send timed out is late, not unmatched."""
+    b = TraceBuilder(4)
+    t = b.warmup()
+    for src in (0, 2):
+        b.begin(src, t, "send", peer=src + 1, dir="send", shape=(4,), site="pipe.py:9")
+        b.begin(src + 1, t + MS, "recv", peer=src, dir="recv", shape=(4,), site="pipe.py:11")
+    b.heartbeats(b.t0, t + 12 * S)
+    _, f = run(b)
+    assert [(x.kind, x.culprits) for x in f if x.severity == "error"] == [("unmatched_p2p", [0, 1, 2, 3])], \
+        [x.message for x in f]
+    assert f[0].message.endswith("; 2 such pairs, of ranks 0, 1, 2, 3"), f[0].message
+    b = TraceBuilder(2)
+    t = b.warmup()
+    i = b.begin(0, t, "send", peer=1, dir="send", shape=(4,))
+    b.end(0, i, t + 10 * S, exc="RuntimeError: Timed out waiting 10000ms for send operation to complete")
+    j = b.begin(1, t + 10 * S + 10 * MS, "recv", peer=0, dir="recv", shape=(4,))
+    b.end(1, j, t + 10 * S + 11 * MS)
+    b.heartbeats(b.t0, t + 12 * S)
+    _, f = run(b)
+    assert "both sides were posted" not in " ".join(x.message for x in f), [x.message for x in f]
 
 
 def test_p2p_deadlock_cycle():
@@ -481,8 +515,10 @@ def test_matched_but_slow_p2p_and_rings_are_fine():
         s = b.async_op(r, t, t + MS, t + 2 * MS, "isend", peer=(r + 1) % 4, dir="send")
         b.sync(r, t + MS, t + 2 * MS, "recv", peer=(r - 1) % 4, dir="recv")
         assert s
-    b.sync(0, t + 3 * MS, None, "send", peer=1, dir="send")  # posted on both sides, just slow
-    b.sync(1, t + 3 * MS, None, "recv", peer=0, dir="recv")
+    # posted on both sides, just slow: 1.2 GB, 10 s on, moving at 120 MB/s or more (a send and
+    # a recv of a few KiB that pair up and wait that long do not match: their tags differ)
+    b.sync(0, t + 3 * MS, None, "send", peer=1, dir="send", shape=(300_000_000,))
+    b.sync(1, t + 3 * MS, None, "recv", peer=0, dir="recv", shape=(300_000_000,))
     b.heartbeats(t, t + 10 * S)
     _, f = run(b)
     assert f == []
@@ -567,6 +603,21 @@ def test_a_rank_cut_short_is_not_warned_of_ops_it_never_waited_on(how):
     b.exit(1, t + 2 * MS, unwaited=[i], **how)
     _, f = run(b)
     assert "unwaited_work" not in kinds(f), [x.message for x in f]
+
+
+
+def test_work_left_unwaited_at_destroy_is_warned_of_whatever_came_after():
+    """Rank 1 leaves an isend unwaited at destroy_process_group, then crashes: the crash
+    does not excuse what was left before it (it was dropped with the crash, helper-194)."""
+    b = TraceBuilder(2)
+    t = b.warmup()
+    i = b.async_op(1, t, None, None, "isend", peer=0, dir="send")
+    b.sync(0, t, t + MS, "recv", peer=1, dir="recv")
+    b.exit(0, t + 2 * MS, reason="destroy_process_group")
+    b.exit(1, t + 2 * MS, reason="destroy_process_group", unwaited=[i])
+    b.exit(1, t + 5 * MS, reason="exception", exc="OSError: checkpoint: No space left on device")
+    _, f = run(b)
+    assert ("unwaited_work", [1]) in [(x.kind, x.culprits) for x in f], [x.message for x in f]
 
 
 @pytest.mark.parametrize("batches", [1, 13])

@@ -252,33 +252,42 @@ def test_rank_raising_a_python_exception(tmp_path, capsys):
     out = finished(store, capsys)
     assert errors_of(out) == [("rank_crashed", [1])]
     (crash,) = out["findings"]
-    assert crash["evidence"]["culprit_where"].endswith("raising_rank.py:27 in load_batch")
+    assert crash["evidence"]["culprit_where"].endswith("raising_rank.py:30 in load_batch")
     kinds = sorted(c["kind"] for c in crash["evidence"]["consequences"])
     assert kinds == ["op_failed", "rank_crashed", "rank_crashed"]  # ranks 0 and 2 died of the failure it caused
 
 
-def test_a_rank_crashing_after_its_process_group_ended_is_named(tmp_path, capsys):
+@pytest.mark.parametrize("how", ["", "world", "segv", "full"])
+def test_a_rank_crashing_after_its_process_group_ended_is_named(tmp_path, capsys, how):
     """Rank 1 destroys its process group with rank 0, then raises saving its checkpoint.
     The exit destroy_process_group wrote said the rank left cleanly, and the crash after it
     was not recorded: the trace read healthy, exit 0 (helper-186).  A later ending that is
-    not clean is a later exit of the same stream."""
-    store, _, procs, logs = raising_ranks(tmp_path, 2, "after_destroy")
+    not clean is a later exit of the same stream; so with the group destroyed as
+    ``dist.group.WORLD`` (taken for a subgroup), a segfault (its spool's forwarder added no
+    exit: the destroy's was stored) and the store refusing the crash's exit (its spool,
+    holding nothing but that, was removed: helper-194)."""
+    store, _, procs, logs = raising_ranks(tmp_path, 2, "after_destroy", *([how] if how else []))
     try:
         codes = [p.wait(60) for p in procs]
     finally:
         for p in procs:
             p.kill()
     said = [log.read_bytes().decode(errors="replace") for log in logs]
-    assert codes[0] == 0 and died_of(codes[1], said[1], "OSError: checkpoint shard 1"), (codes, said)
-    out = finished(store, capsys)
+    if how == "segv":
+        assert codes[0] == 0 and codes[1] == -signal.SIGSEGV, (codes, said)
+    else:
+        assert codes[0] == 0 and died_of(codes[1], said[1], "OSError: checkpoint shard 1"), (codes, said)
+    out = finished(store, capsys)  # (on this host: a spool left is forwarded as it reads)
     assert errors_of(out) == [("rank_crashed", [1])], [f["message"] for f in out["findings"]]
     (crash,) = out["findings"]
-    assert crash["message"].startswith("rank 1 crashed after its process group ended (destroy_process_group): "
-                                       "OSError: checkpoint shard 1: No space left on device"), crash["message"]
-    assert crash["evidence"]["culprit_where"].endswith("raising_rank.py:33 in save_checkpoint")
-    exits = sorted((e["rank"], e["reason"]) for e in open_source(store).read_all() if e["type"] == "exit")
-    assert exits == [(0, "atexit"), (0, "destroy_process_group"), (1, "destroy_process_group"), (1, "exception")] or \
-        exits == [(0, "destroy_process_group"), (1, "destroy_process_group"), (1, "exception")], exits
+    what = "a fatal signal: SIGSEGV" if how == "segv" else "OSError: checkpoint shard 1: No space left on device"
+    assert crash["message"].startswith(f"rank 1 crashed after its process group ended (destroy_process_group): "
+                                       f"{what}"), crash["message"]
+    if how != "segv":
+        assert crash["evidence"]["culprit_where"].endswith("raising_rank.py:36 in save_checkpoint")
+    exits = [(e["rank"], e["reason"]) for e in open_source(store).read_all() if e["type"] == "exit"]
+    assert sorted(x for x in exits if x[0] == 1) == [(1, "destroy_process_group"),
+                                                     (1, "signal" if how == "segv" else "exception")], exits
 
 
 def test_rank_segfaults(tmp_path, capsys):

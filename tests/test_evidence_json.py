@@ -193,3 +193,16 @@ def test_an_op_of_millions_of_tensors_makes_a_finding_of_bounded_size():
     assert f.culprits == [1] and "the first of 200,000 tensors" in f.message and len(f.message) < 4000
     row = f.evidence.per_rank["1"]
     assert len(row["in_shapes"]) == len(row["in_dtypes"]) == BRIEF_TENSORS and row["in_shapes_total"] == 200_000
+
+
+def test_a_stack_says_one_folded_frame_as_one():
+    """"(1 frames of torch ...)" read badly (helper-191)."""
+    from rich.console import Console
+
+    from commscope.analysis.evidence import stack
+
+    console = Console(width=120, file=io.StringIO())
+    for folded, said in ((1, "(1 frame of torch"), (3, "(3 frames of torch")):
+        console.print(stack([{"name": "MainThread", "frames": [["train.py", 9, "step"]], "inside": "all_reduce",
+                              "folded": folded}]))
+        assert said in console.file.getvalue()

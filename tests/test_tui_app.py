@@ -212,6 +212,12 @@ def test_the_timeline_and_rank_table_keys_work_whichever_pane_has_the_focus():
         assert tl.only_findings and sorted(int(r.key[1:]) for r in tl.rows) == [2]
         # (the pane says what it hides while it hides it: a toast said it, helper-188)
         assert app.top.border_title == "timeline  [dim](x: only the 1 rank(s) named in findings)[/dim]"
+        # (the palette's entry too: it went round the title, helper-194)
+        (entry,) = [c for c in app.get_system_commands(app.screen) if c.title == "Timeline: only ranks with findings"]
+        entry.callback()
+        assert not tl.only_findings and app.top.border_title == "timeline"
+        entry.callback()
+        assert tl.only_findings and app.top.border_title.startswith("timeline  [dim](x: only the 1 rank(s)")
         await pilot.press("s")
         await pilot.pause()
         assert table._sort_col != sort

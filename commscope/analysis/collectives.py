@@ -658,8 +658,9 @@ def _call_text(brief: dict, differs: list[str]) -> str:
     said = [str(brief["op"])]
     if "shape" in differs:
         said.append(_shapes_text(brief))
-    if "dtype" in differs:
-        said.append(f"dtype={'/'.join(map(str, brief.get('in_dtypes') or ['?']))}")
+    if "dtype" in differs:  # (as compared: its inputs' and outputs' together, ``histories.match_key``)
+        dtypes = sorted({str(d) for k in ("in_dtypes", "out_dtypes") for d in brief.get(k) or ()})
+        said.append(f"dtype={'/'.join(dtypes) or 'none'}")
     said.extend(f"{k}={brief.get(k, 'none')}" for k in ("redop", "root") if k in differs)
     return " ".join(said)
 

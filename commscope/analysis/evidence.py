@@ -307,7 +307,7 @@ def stack(threads: list[dict] | None, limit: int = 12) -> RenderableType | None:
             text.append(f"\n  {line}", style="bold #e0e0e0" if k == len(shown) - 1 else GREY)
         if th.get("inside"):
             folded = th.get("folded")
-            text.append(f"\n    └ inside {th['inside']}" + (f"  ({folded} frames of torch, commscope and the "
+            text.append(f"\n    └ inside {th['inside']}" + (f"  ({folded} frame{'' if folded == 1 else 's'} of torch, commscope and the "
                                                              "standard library folded)" if folded else ""),
                         style=FAINT)
         out.append(text)

@@ -29,7 +29,16 @@ from rich.console import RenderableType
 from rich.text import Text
 
 from commscope.analysis import evidence, rankstate, stacks
-from commscope.analysis.errors import FAULTED, INTERRUPTED, NAMED, PEER_GONE, RELAYED, TIMEOUT, first_line
+from commscope.analysis.errors import (
+    FAULTED,
+    INTERRUPTED,
+    NAMED,
+    PEER_GONE,
+    RAISED_FROM,
+    RELAYED,
+    TIMEOUT,
+    first_line,
+)
 from commscope.analysis.evidence import ABSENT, Evidence, record
 from commscope.analysis.findings import (
     WARNING,
@@ -204,7 +213,7 @@ class _Arrivals:
         if world is not None and any(m >= world for m in absent):
             nowhere = min(m for m in absent if m >= world)
             return Blame((self.r,), "local", f"rank {self.r}'s peer: " + no_such_peer_text(nowhere, world))
-        if not absent and self.key_p2p:
+        if not absent and self.key_p2p and bisect.bisect_right(self.begins, t) >= cut:  # (none came just after)
             # (a send and a recv that pair up by order, each posted, each waited out: they did
             # not match; a send with tag 1 and a recv with tag 2 said "every member had
             # entered it", helper-191.  Which side is wrong, nothing recorded says.)
@@ -505,8 +514,14 @@ def death_message(ex: dict, limit: int = 140) -> str:
     """The first line of what a dying rank said (its exception, or the C++ exception that
     ``std::terminate`` was called with); empty for faulthandler's header, which only
     repeats the signal."""
-    exc = first_line(ex.get("exc") or "", limit)
-    return "" if exc.startswith("Fatal Python error") else exc
+    text = str(ex.get("exc") or "")
+    exc = first_line(text, limit)
+    if exc.startswith("Fatal Python error"):
+        return ""
+    if RAISED_FROM in text:  # (torch's pipelining: "[Stage 1] failed to run forward:", its cause below, helper-191)
+        cause = text.split(RAISED_FROM, 1)[1].rstrip().removesuffix(")")
+        exc += f" (raised from {first_line(cause, max(40, limit - len(exc)))})"
+    return exc
 
 
 def crash_cause(ex: dict) -> str:
@@ -552,7 +567,7 @@ def find_crashes(model: TraceModel, now: int, failures: list[Failure]) -> list[F
         if at_op is not None:
             act["in_op"] = op_brief(model, r, at_op, now)
             where = f"in {model.label(r, at_op)}"
-        elif any(e.get("reason") == DESTROYED and e["ts"] <= t for e in rt.exits):
+        elif any(e.get("reason") == DESTROYED and rt.last_op_ts <= e["ts"] <= t for e in rt.exits):
             where = "after its process group ended (destroy_process_group)"  # (a checkpoint's save, say)
         elif act.get("last_completed_op"):
             where = f"after {model.label(r, model.op_index(r, act['last_completed_op']['id']))}"

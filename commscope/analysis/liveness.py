@@ -159,15 +159,12 @@ def find_unwaited(model: TraceModel, now: int) -> list[Finding]:
     out = []
     for r in model.rank_ids() if model.exits_seen else ():  # (exits list them: none, no walk of 16k ranks)
         rt = model.ranks[r]
-        if not rt.exits:
-            continue
-        last = rt.exits[-1]
-        if rankstate.is_crash(last) or is_kill(last) or stopped(last) or last.get("stop_signal"):
-            continue
         seen: dict[int, None] = {}  # ordered set: an exit may list thousands of ids
         ex_ts = 0
         counted = 0  # the recorder's count of them all (an exit lists the first 1,000)
         for ex in rt.exits:
+            if rankstate.is_crash(ex) or is_kill(ex) or stopped(ex) or ex.get("stop_signal"):
+                continue  # (cut short: not what it left of its own accord, at destroy_process_group say)
             listed = ex.get("unwaited") or []
             seen.update(dict.fromkeys(listed))
             counted += int(ex.get("unwaited_count") or len(listed))

@@ -23,7 +23,15 @@ from rich.text import Text
 from commscope.analysis import evidence, rankstate
 from commscope.analysis.components import strongly_connected
 from commscope.analysis.evidence import Evidence, record
-from commscope.analysis.findings import Finding, activity, doing_instead, no_such_peer_text, op_brief, secs
+from commscope.analysis.findings import (
+    Finding,
+    activity,
+    doing_instead,
+    no_such_peer_text,
+    op_brief,
+    ranks_text,
+    secs,
+)
 from commscope.analysis.model import NESTED, P2P, SEND, SPACE_NATIVE, TraceModel
 from commscope.analysis.ranks import ranges
 
@@ -248,12 +256,20 @@ def find_p2p(model: TraceModel, now: int, hang_ns: int,
     return out
 
 
+#: The slowest a send or recv moves its bytes and is still moving them: one that waited
+#: ``hang_after`` and its bytes at this rate more, its peer's side posted, is stuck (a 10 GB
+#: transfer waits 100 s more before it is named; a few KiB, none)
+SLOW_P2P_BYTES_PER_S = 100e6
+
+
 def _stuck_pairs(model: TraceModel, now: int, hang_ns: int) -> list[Finding]:
     """unmatched_p2p naming both ranks of a send and a recv that pair up by the order they
-    were posted in, each blocked in its side hang_after or longer: they did not match after
-    all, their tags (not recorded) or their sizes differing.  A send with tag 1 and a recv
-    with tag 2 hung until the timeout, and the job read healthy, exit 0 (helper-191)."""
-    out: list[Finding] = []
+    were posted in, each blocked in its side ``hang_after`` or longer (and its bytes'
+    worth at ``SLOW_P2P_BYTES_PER_S``): they did not match after all, their tags (not
+    recorded) or their sizes differing.  A send with tag 1 and a recv with tag 2 hung until
+    the timeout, and the job read healthy, exit 0 (helper-191).  One finding per group and
+    pair of call sites: thousands of pipeline stages posting a wrong tag are one mistake."""
+    found: dict[tuple, list[tuple[int, int, int, int, int]]] = {}
     now_blocked = rankstate.blocked_ranks(model)
     apart = model.kept_apart
     for r in sorted(_in_p2p(model, now_blocked)):
@@ -265,20 +281,31 @@ def _stuck_pairs(model: TraceModel, now: int, hang_ns: int) -> list[Finding]:
             peer, seq = int(rt.peer[i]), int(rt.seq[i])
             if not s.flags & SEND or s.nested or peer < 0 or seq < 0 or peer in apart or peer not in now_blocked:
                 continue  # (each pair once, from its send)
+            if rankstate.waited_until(model, r, now) - rankstate.blocked_since(model, r, i) < hang_ns:
+                continue  # (the usual case, first: a send waiting its moment)
             j = model.p2p_pair(s.group, r, peer, seq, s.space)[1]
             if j is None or j not in now_blocked[peer] or rankstate.left_early(model, peer, now):
                 continue
             since = max(rankstate.blocked_since(model, r, i), rankstate.blocked_since(model, peer, j))
-            if min(rankstate.waited_until(model, r, now), rankstate.waited_until(model, peer, now)) - since < hang_ns:
+            allowed = hang_ns + int(max(s.in_bytes, s.out_bytes) / SLOW_P2P_BYTES_PER_S * 1e9)
+            if min(rankstate.waited_until(model, r, now), rankstate.waited_until(model, peer, now)) - since < allowed:
                 continue
-            sent, got = _step(model, r, i, now), _step(model, peer, j, now)
-            waited = min(sent["blocked_s"], got["blocked_s"])
-            msg = (f"{model.label(r, i)} (rank {r}, at {s.site or '?'}) and {model.label(peer, j)} (rank {peer}, "
-                   f"at {model.sig_of(peer, j).site or '?'}) pair up by the order they were posted in, but neither "
-                   f"completed in {waited:.1f} s: they do not match (their tags, not recorded, or sizes differ)")
-            ev = Unmatched(blocked_op=sent, expected="", peer_activity={str(peer): activity(model, peer, now)})
-            out.append(Finding("unmatched_p2p", s.group, seq, s.op, sorted((r, peer)), sorted((r, peer)), msg, ev,
-                               ts=since))
+            recv = model.sig_of(peer, j)
+            found.setdefault((s.group, s.site, recv.site), []).append((r, i, peer, j, since))
+    out: list[Finding] = []
+    for (group, sent_at, got_at), pairs in found.items():
+        r, i, peer, j, since = pairs[0]
+        sent, got = _step(model, r, i, now), _step(model, peer, j, now)
+        waited = min(sent["blocked_s"], got["blocked_s"])
+        ranks = sorted({x for p in pairs for x in (p[0], p[2])})
+        seq = int(model.ranks[r].seq[i])
+        more = f"; {len(pairs):,} such pairs, of {ranks_text(ranks)}" if len(pairs) > 1 else ""
+        msg = (f"{model.label(r, i)} (rank {r}, at {sent_at or '?'}) and {model.label(peer, j)} (rank {peer}, "
+               f"at {got_at or '?'}) pair up by the order they were posted in, but neither completed in "
+               f"{waited:.1f} s: they do not match (their tags, not recorded, or sizes differ){more}")
+        ev = Unmatched(blocked_op=sent, expected="", peer_activity={str(peer): activity(model, peer, now)})
+        out.append(Finding("unmatched_p2p", group, seq, model.sig_of(r, i).op, ranks, ranks, msg, ev,
+                           ts=min(p[4] for p in pairs)))
     return out
 
 

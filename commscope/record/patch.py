@@ -73,7 +73,10 @@ def _destroy_wrapper(orig: Any) -> Any:
     @functools.wraps(orig)
     def destroy_process_group(group=None):
         source = ACTIVE
-        if source is not None and (group is None or group is default_group()):
+        # (``destroy_process_group(dist.group.WORLD)`` is the whole job's, as torch takes it:
+        # taken for a subgroup's, a crash after it read healthy, helper-194)
+        whole = group is None or group is default_group()
+        if source is not None and whole:
             try:
                 source.rec.mark_exit(events.DESTROYED)
                 source.rec.flush(timeout=1.0)
@@ -84,8 +87,8 @@ def _destroy_wrapper(orig: Any) -> Any:
         finally:
             if source is not None:
                 try:
-                    source.on_destroy(group is None)
-                    if group is None:
+                    source.on_destroy(whole)
+                    if whole:
                         source.rec.on_destroyed()
                 except Exception:
                     pass

@@ -137,6 +137,8 @@ class Recorder:
         self._exit_lock = threading.Lock()
         self._exit_line: bytes | None = None
         self._exit_stored = self._exit_kept = False
+        self._kept_any = False  # this incarnation's spool holds events kept for a forwarder
+        self._restated = False  # an exit after the one destroy_process_group wrote (``mark_exit``)
         self._next_forward = 0.0
         self._stored_noted = -1  # the stream's entries as the spool last noted them (``_write``)
         self._next_write = 0.0  # (monotonic) the store's pace: ``StoreWriter.write_every``
@@ -238,7 +240,7 @@ class Recorder:
         self.outbox = self._new_outbox()
         self.exited, self._ended_by, self._exit, self.crash, self.interrupted = False, None, None, None, None
         self._exit_line, self._exit_stored, self._exit_kept = None, False, False
-        self._spool_tried, self._no_spool = False, None
+        self._spool_tried, self._no_spool, self._kept_any, self._restated = False, None, False, False
         self._stored_noted = -1
 
     def _new_outbox(self) -> Outbox:
@@ -360,6 +362,7 @@ class Recorder:
                 return
             with self._exit_lock:  # (the destroy's exit is out: this one follows it)
                 self._exit_line, self._exit_stored, self._exit_kept = None, False, False
+            self._restated = True
         self.exited, self._ended_by = True, reason
         self._exit = (time.time_ns(), reason, code)
 
@@ -476,7 +479,7 @@ class Recorder:
         if code is not None:
             exit_ev["code"] = code
         unwaited, count = self.ops.unwaited()
-        if count:
+        if count and not self._restated:  # (the destroy's exit listed them: once)
             exit_ev["unwaited"] = unwaited[:1000]
             exit_ev["unwaited_count"] = count
         if self.crash:
@@ -489,11 +492,13 @@ class Recorder:
 
     def _exit_landed(self) -> None:
         """The store holds the exit: the spool says so at once, so that a forwarder of a spool
-        left behind (its process gone before the tick ended) adds no second one."""
+        left behind (its process gone before the tick ended) adds no second one; the exit of
+        ``destroy_process_group`` as the group's end (``spool.GROUP_ENDED``: the process goes
+        on, and how it then dies, if it does, is still to be said)."""
         with self._exit_lock:
             self._exit_stored = True
-            if self.spool is not None:
-                self.spool.set_flag(spool.EXIT_STORED)
+            if self.spool is not None:  # (the destroy's, where no later ending was noted since)
+                self.spool.set_flag(spool.GROUP_ENDED if self._ended_by == events.DESTROYED else spool.EXIT_STORED)
 
     def _meta_landed(self) -> None:
         """The store holds the meta: the spool says so, so that a forwarder of a spool left
@@ -511,6 +516,7 @@ class Recorder:
                     return
                 self._exit_kept = True
         self.ops.keep_event(line)
+        self._kept_any = True
 
     def _keep_exit(self) -> None:
         """The last tick did not end in time and the process leaves: its ``exit`` waits in
@@ -533,6 +539,7 @@ class Recorder:
             if line is not None and not (self._exit_kept or self._exit_stored):
                 self._exit_kept = True
                 self.ops.keep_event(line)
+                self._kept_any = True
         except Exception:
             pass
         finally:
@@ -578,7 +585,9 @@ class Recorder:
         crashlog.disarm()
         self.ops.disarm_death()
         if sp is not None:
-            drained = sp.drained()
+            # (its records all stored, but not an event it kept: a crash's exit after the group
+            # ended, the store refusing it, went with the spool, helper-194)
+            drained = sp.drained() and not self._kept_any
             self.ops.detach_spool()
             sp.close(remove=drained)
 

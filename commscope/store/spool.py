@@ -73,6 +73,11 @@ EXIT_STORED = 8  # the rank's own exit reached the store: a forwarder adds none 
 #: (``signal.signal(SIGTERM, ...)`` after init) or ignores the signal; set by the recorder's
 #: tick, and said by a ``gone`` exit (``term_unwatched``)
 TERM_UNWATCHED = 16
+#: The exit ``destroy_process_group`` wrote reached the store: the rank's group ended, its
+#: process may go on.  A forwarder sends how it then died where the spool says (a fatal
+#: signal, an exit kept for it), and adds no ``gone`` exit where it says nothing: a crash
+#: after the group ended read as a clean leaving (helper-194)
+GROUP_ENDED = 32
 _FLAG_LOCK = threading.Lock()  # the process's own writes of its spool's flags
 TOMBSTONE_AGE_S = 3600.0  # a tombstone no launcher claimed by then is removed
 
@@ -103,6 +108,10 @@ LAYOUT = {"size": HEADER_SIZE, "head": OFF_HEAD, "tail": OFF_TAIL, "flags": OFF_
 SIGNAL_NAMES = {signal.SIGSEGV: "Segmentation fault", signal.SIGBUS: "Bus error",
                 signal.SIGFPE: "Floating point exception", signal.SIGILL: "Illegal instruction",
                 signal.SIGABRT: "Aborted", signal.SIGTERM: "Terminated", signal.SIGKILL: "Killed"}
+
+#: What a launcher or a user stops a job with, as ``signal_name`` says them: after its group
+#: ended, a rank stopped so died of no fault of its own (``remnant_lines``)
+_STOPS = frozenset({SIGNAL_NAMES[signal.SIGTERM], SIGNAL_NAMES[signal.SIGKILL], "SIGINT", "SIGHUP"})
 
 
 def signal_name(sig: int) -> str:
@@ -472,6 +481,7 @@ def remnant_lines(img: Image, rank: int, *, with_meta: bool = False) -> list[byt
     # An exit kept for a forwarder and then stored after all is not sent; of several kept
     # (a process can keep only one; a spool is untrusted input), the last.
     stored = bool(img.flags & EXIT_STORED)
+    ended = bool(img.flags & GROUP_ENDED) and not stored
     exits = [k for k, line in enumerate(img.kept) if _is_exit(line)]
     unsent = set(exits if stored else exits[:-1])
     out.extend(_redacted(line) for k, line in enumerate(img.kept) if k not in unsent)
@@ -485,6 +495,9 @@ def remnant_lines(img: Image, rank: int, *, with_meta: bool = False) -> list[byt
         ex = crashlog.exit_from(stack, img.death.signal_ns or stack["ts"], rank)
         ex.update(img.death.stop_fields())
     if ex is not None and not exits:  # (a kept exit, sent above, is the rank's own word)
+        if ended and not (ex.get("reason") == "signal" and ex.get("signal") not in _STOPS
+                          or ex.get("reason") == "os._exit" and ex.get("code")):
+            return out  # (its group ended, and it left, or its launcher stopped it: no death of its own)
         out.append(orjson.dumps(redact_event(ex)))  # std::terminate's what() is the program's text
     return out
 
@@ -741,7 +754,7 @@ def _started_ns(img: Image) -> int:
 def _says_its_end(img: Image, lines: list[bytes]) -> bool:
     """The rank's end is known: its own exit is in the store, or among ``lines`` (its
     remnant) there is one; else a forwarder adds one."""
-    return bool(img.flags & EXIT_STORED) or any(map(_is_exit, lines))
+    return bool(img.flags & (EXIT_STORED | GROUP_ENDED)) or any(map(_is_exit, lines))
 
 
 def _is_exit(line: bytes) -> bool:

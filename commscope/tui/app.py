@@ -605,7 +605,7 @@ class CommscopeApp(App):
             ("Timeline: follow live / jump to now", "", tl.action_follow),
             ("Timeline: next op", "", tl.action_select_next), ("Timeline: previous op", "", tl.action_select_prev),
             ("Timeline: rows by rank / behaviour / node / block", "", tl.action_collapse),
-            ("Timeline: only ranks with findings", "", tl.action_filter_findings),
+            ("Timeline: only ranks with findings", "", self.action_filter_findings),
             ("Findings: next error", "", self.action_next_error),
             ("Panels: switch ranks / GPU", "", self.action_toggle_panel),
             ("Ranks: sort by next column", "", self.ranks_table.action_cycle_sort),
