@@ -153,6 +153,8 @@ RawEvent = TypedDict("RawEvent", {
     "inflight": Count, "threads": list[StackThread], "reason": Text, "unwaited": list[Count],
     "trigger": Rank, "request_ns": Count, "signal": Name, "code": AnyInt, "unwaited_count": Count,
     "stop_signal": Name, "stop_ts": Count, "term_unwatched": bool,
+    # exit (destroy_process_group's): the exception propagating through it, called in a ``finally``
+    "raising": Name,
     "count": Count, "total": Count, "records": Count,
     # block (version 2): packed op records, see commscope.blocks; site: a call site by id
     "n": Count, "data": Annotated[str, Meta(max_length=MAX_BLOCK)], "sid": Annotated[int, Meta(ge=0, le=MAX_INT)],

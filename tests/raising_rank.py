@@ -9,9 +9,12 @@ With ``after_destroy``, every rank runs its 10 steps and destroys its process gr
 rank 1 then raises saving its checkpoint: a crash after the group ended; ``world``: the
 group destroyed as ``destroy_process_group(dist.group.WORLD)``; ``segv``: rank 1 dies of a
 segfault instead; ``full``: the store refuses rank 1's writes once the group ended (the
-disk its checkpoint filled is the store's).
+disk its checkpoint filled is the store's); ``full_early``: from just before it ended.
 
-    python raising_rank.py STORE RELEASE [after_destroy [world|segv|full]]
+With ``finally``, the ranks destroy their group in a ``finally``: rank 0 raises at step 5,
+rank 1 has an irecv posted that its code waits on after the all_reduce the exception cut.
+
+    python raising_rank.py STORE RELEASE [after_destroy [world|segv|full|full_early] | finally]
 """
 
 import os
@@ -41,10 +44,33 @@ def main() -> None:
     dist.init_process_group("gloo", timeout=timedelta(seconds=60))
     commscope.instrument(store, hang_after=2.0, sample_interval=0.2)
     rank = dist.get_rank()
+    if sys.argv[3:] == ["finally"]:
+        try:
+            for step in range(10):
+                if rank == 1:
+                    work = dist.irecv(torch.zeros(8), src=0)
+                else:
+                    dist.send(torch.ones(8), dst=1)
+                t = load_batch(rank + 1, step)  # (rank 0 raises at step 5)
+                dist.all_reduce(t)
+                if rank == 1:
+                    work.wait()
+        finally:
+            dist.destroy_process_group()
+        return
     if sys.argv[3:4] == ["after_destroy"]:
         how = sys.argv[4] if len(sys.argv) > 4 else ""
         for _ in range(10):
             dist.all_reduce(torch.ones(8))
+        if how == "full_early" and rank == 1:  # (the store refuses the destroy's exit as well)
+            from commscope.record.recorder import active
+            from commscope.store import StoreError
+
+            def refuse_all(*_args, **_kwargs):
+                raise StoreError("No space left on device", 0)
+
+            active().flush(timeout=5.0)
+            active().outbox.writer.write = refuse_all
         dist.destroy_process_group(dist.group.WORLD if how == "world" else None)
         if how == "full" and rank == 1:
             from commscope.record.recorder import active

@@ -209,6 +209,13 @@ def died_of(code: int, said: str, exc: str) -> bool:
         said.rfind(exc) < said.rfind(TORCH_TEARDOWN_ABORT))
 
 
+def _line_of(function: str) -> int:
+    """The line of tests/raising_rank.py where ``function`` raises (the line after its ``if``)."""
+    lines = Path(__file__).with_name("raising_rank.py").read_text().splitlines()
+    start = next(k for k, line in enumerate(lines) if line.startswith(f"def {function}("))
+    return next(k for k in range(start, len(lines)) if "raise " in lines[k]) + 1
+
+
 def raising_ranks(tmp_path, world: int, *mode: str) -> tuple[str, str, list[subprocess.Popen], list[Path]]:
     """tests/raising_rank.py as a launcher runs it, a plain process per rank: (store,
     release file, processes, their stderr logs)."""
@@ -225,6 +232,19 @@ def raising_ranks(tmp_path, world: int, *mode: str) -> tuple[str, str, list[subp
                     os.environ, RANK=str(r), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                     COMMSCOPE_JOB="raising", PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))))
     return store, release, procs, logs
+
+
+def ended_ranks(tmp_path, world: int, *mode: str) -> tuple[str, list[int], list[str]]:
+    """``raising_ranks`` released at once and run to their end: (store, exit codes, what
+    each said on stderr)."""
+    store, release, procs, logs = raising_ranks(tmp_path, world, *mode)
+    Path(release).touch()
+    try:
+        codes = [p.wait(60) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    return store, codes, [log.read_bytes().decode(errors="replace") for log in logs]
 
 
 def test_rank_raising_a_python_exception(tmp_path, capsys):
@@ -252,12 +272,28 @@ def test_rank_raising_a_python_exception(tmp_path, capsys):
     out = finished(store, capsys)
     assert errors_of(out) == [("rank_crashed", [1])]
     (crash,) = out["findings"]
-    assert crash["evidence"]["culprit_where"].endswith("raising_rank.py:30 in load_batch")
+    assert crash["evidence"]["culprit_where"].endswith(f"raising_rank.py:{_line_of('load_batch')} in load_batch")
     kinds = sorted(c["kind"] for c in crash["evidence"]["consequences"])
     assert kinds == ["op_failed", "rank_crashed", "rank_crashed"]  # ranks 0 and 2 died of the failure it caused
 
 
-@pytest.mark.parametrize("how", ["", "world", "segv", "full"])
+def test_a_crash_through_a_finally_that_destroys_the_group_is_where_it_was_raised(tmp_path, capsys):
+    """``try: train() finally: destroy_process_group()``: rank 0 raises at step 5, the
+    group is destroyed as the exception passes, then the rank crashes of it.  Its crash read
+    "after its process group ended", and rank 1, its irecv's wait cut by the failure, was
+    warned of work it never waited on (helper-195).  The destroy's exit says the exception
+    passing through it."""
+    store, codes, said = ended_ranks(tmp_path, 2, "finally")
+    assert died_of(codes[0], said[0], "ValueError: corrupt record"), (codes, said)
+    out = finished(store, capsys)
+    assert errors_of(out) == [("rank_crashed", [0])], [f["message"] for f in out["findings"]]
+    assert [f["kind"] for f in out["findings"]] == ["rank_crashed"], [f["message"] for f in out["findings"]]
+    assert out["findings"][0]["message"].startswith("rank 0 crashed after send #"), out["findings"][0]["message"]
+    destroyed = [e for e in open_source(store).read_all() if e["type"] == "exit" and e["reason"] == "destroy_process_group"]
+    assert {e.get("raising") for e in destroyed if e["rank"] == 0} == {"ValueError"}, destroyed
+
+
+@pytest.mark.parametrize("how", ["", "world", "segv", "full", "full_early"])
 def test_a_rank_crashing_after_its_process_group_ended_is_named(tmp_path, capsys, how):
     """Rank 1 destroys its process group with rank 0, then raises saving its checkpoint.
     The exit destroy_process_group wrote said the rank left cleanly, and the crash after it
@@ -265,14 +301,9 @@ def test_a_rank_crashing_after_its_process_group_ended_is_named(tmp_path, capsys
     not clean is a later exit of the same stream; so with the group destroyed as
     ``dist.group.WORLD`` (taken for a subgroup), a segfault (its spool's forwarder added no
     exit: the destroy's was stored) and the store refusing the crash's exit (its spool,
-    holding nothing but that, was removed: helper-194)."""
-    store, _, procs, logs = raising_ranks(tmp_path, 2, "after_destroy", *([how] if how else []))
-    try:
-        codes = [p.wait(60) for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
-    said = [log.read_bytes().decode(errors="replace") for log in logs]
+    holding nothing but that, was removed: helper-194), the destroy's too (the first kept
+    stood for both, helper-195: the crash's exit, last, is sent)."""
+    store, codes, said = ended_ranks(tmp_path, 2, "after_destroy", *([how] if how else []))
     if how == "segv":
         assert codes[0] == 0 and codes[1] == -signal.SIGSEGV, (codes, said)
     else:
@@ -281,13 +312,14 @@ def test_a_rank_crashing_after_its_process_group_ended_is_named(tmp_path, capsys
     assert errors_of(out) == [("rank_crashed", [1])], [f["message"] for f in out["findings"]]
     (crash,) = out["findings"]
     what = "a fatal signal: SIGSEGV" if how == "segv" else "OSError: checkpoint shard 1: No space left on device"
-    assert crash["message"].startswith(f"rank 1 crashed after its process group ended (destroy_process_group): "
-                                       f"{what}"), crash["message"]
+    where = "after all_reduce #10 (group 0)" if how == "full_early" else \
+        "after its process group ended (destroy_process_group)"
+    assert crash["message"].startswith(f"rank 1 crashed {where}: {what}"), crash["message"]
     if how != "segv":
-        assert crash["evidence"]["culprit_where"].endswith("raising_rank.py:36 in save_checkpoint")
+        assert crash["evidence"]["culprit_where"].endswith(f"raising_rank.py:{_line_of('save_checkpoint')} in save_checkpoint")
     exits = [(e["rank"], e["reason"]) for e in open_source(store).read_all() if e["type"] == "exit"]
-    assert sorted(x for x in exits if x[0] == 1) == [(1, "destroy_process_group"),
-                                                     (1, "signal" if how == "segv" else "exception")], exits
+    assert sorted(x for x in exits if x[0] == 1) == [(1, "destroy_process_group")] * (how != "full_early") + [
+        (1, "signal" if how == "segv" else "exception")], exits
 
 
 def test_rank_segfaults(tmp_path, capsys):

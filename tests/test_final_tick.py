@@ -72,7 +72,7 @@ def cut_job(rank: int, ws: int, store: str, case: str) -> None:
         dist.destroy_process_group()  # its exit written by an ordinary tick; then the launcher leaves
         rec = recorder.active()
         for _ in range(600):  # (stored, and the spool says so: the case this is)
-            if rec._exit_stored:
+            if rec.group_end_stored:
                 return
             rec.flush()
         raise AssertionError("destroy_process_group's exit never reached the store")
@@ -170,6 +170,7 @@ def test_keeping_the_exit_never_waits_for_good_on_its_lock():
     rec = recording.Recorder.__new__(recording.Recorder)
     rec._exit_lock, rec.rank, rec.EXIT_LOCK_WAIT_S, rec.spool = threading.Lock(), 0, 0.05, object()
     rec._exit_line, rec._exit, rec._exit_kept, rec._exit_stored = b'{"type":"exit"}', None, False, False
+    rec.group_end_stored, rec._destroy_line, rec._kept_any = False, None, False
     rec.ops = SimpleNamespace(keep_event=kept.append)
     with rec._exit_lock:  # held, as by the thread the handler interrupted
         rec._keep_exit()

@@ -506,8 +506,8 @@ def _went_on(model: TraceModel, r: int, i: int) -> bool:
     last = model.last_op(r, completed=False)
     if last is None or last == i or int(rt.begin[last]) <= model.failed_ns(r, i):
         return False
-    was, now = model.sig_of(r, i), model.sig_of(r, last)
-    return not (rt.comp[last] == 0 and (now.op, now.group) == (was.op, was.group))
+    failed, then = model.sig_of(r, i), model.sig_of(r, last)
+    return not (rt.comp[last] == 0 and (then.op, then.group) == (failed.op, failed.group))
 
 
 def death_message(ex: dict, limit: int = 140) -> str:
@@ -567,7 +567,8 @@ def find_crashes(model: TraceModel, now: int, failures: list[Failure]) -> list[F
         if at_op is not None:
             act["in_op"] = op_brief(model, r, at_op, now)
             where = f"in {model.label(r, at_op)}"
-        elif any(e.get("reason") == DESTROYED and rt.last_op_ts <= e["ts"] <= t for e in rt.exits):
+        elif any(e.get("reason") == DESTROYED and not e.get("raising") and rt.last_op_ts <= e["ts"] <= t
+                 for e in rt.exits):  # (not one a propagating exception passed through: it is the crash)
             where = "after its process group ended (destroy_process_group)"  # (a checkpoint's save, say)
         elif act.get("last_completed_op"):
             where = f"after {model.label(r, model.op_index(r, act['last_completed_op']['id']))}"

@@ -163,8 +163,10 @@ def find_unwaited(model: TraceModel, now: int) -> list[Finding]:
         ex_ts = 0
         counted = 0  # the recorder's count of them all (an exit lists the first 1,000)
         for ex in rt.exits:
-            if rankstate.is_crash(ex) or is_kill(ex) or stopped(ex) or ex.get("stop_signal"):
-                continue  # (cut short: not what it left of its own accord, at destroy_process_group say)
+            if rankstate.is_crash(ex) or is_kill(ex) or stopped(ex) or ex.get("stop_signal") or ex.get("raising"):
+                # (cut short: not what it left of its own accord, at destroy_process_group say; one
+                # called in a ``finally`` as an exception propagated is cut short too, helper-195)
+                continue
             listed = ex.get("unwaited") or []
             seen.update(dict.fromkeys(listed))
             counted += int(ex.get("unwaited_count") or len(listed))

@@ -52,11 +52,11 @@ class Outbox:
     FINAL_WRITE_S = 0.8  # the last write's retries at shutdown (a store that is down holds exit ~1 s)
 
     def __init__(self, warn: Callable[[str, str], None], on_forwarded: Callable[[int], None] | None = None,
-                 on_exit_stored: Callable[[], None] | None = None,
+                 on_exit_stored: Callable[[bytes], None] | None = None,
                  on_meta_stored: Callable[[], None] | None = None):
         """``warn(key, message)``: warns once per key (``Recorder.warn``); ``on_forwarded(end)``:
-        the store holds the ring's records before ``end``; ``on_exit_stored()``: it holds the
-        ``exit`` (put with ``ring_end=EXIT_RING_END``); ``on_meta_stored()``: it holds the
+        the store holds the ring's records before ``end``; ``on_exit_stored(line)``: it holds
+        that ``exit`` (put with ``ring_end=EXIT_RING_END``); ``on_meta_stored()``: it holds the
         ``meta`` (``opened``), whichever write took it: attach's or a later tick's."""
         self.pending: deque[Line] = deque()  # encoded events not yet in the store
         self.cap_bytes = _cap_bytes()
@@ -125,7 +125,7 @@ class Outbox:
             else:
                 self.bytes -= len(item.data)
                 if item.ring_end == EXIT_RING_END and self._on_exit_stored is not None:
-                    self._on_exit_stored()
+                    self._on_exit_stored(item.data)
                 elif item.ring_end == META_RING_END and self._on_meta_stored is not None:
                     self._on_meta_stored()
         if end >= 0 and self._on_forwarded is not None:

@@ -78,7 +78,11 @@ def _destroy_wrapper(orig: Any) -> Any:
         whole = group is None or group is default_group()
         if source is not None and whole:
             try:
-                source.rec.mark_exit(events.DESTROYED)
+                # (called in a ``finally`` as an exception propagates: the ending that follows
+                # is that exception, raised before the group ended, helper-195)
+                raising = sys.exc_info()[0]
+                source.rec.mark_exit(events.DESTROYED, raising=raising.__name__ if raising is not None
+                                     and not issubclass(raising, SystemExit) else None)
                 source.rec.flush(timeout=1.0)
             except Exception:
                 pass

@@ -139,6 +139,9 @@ class Recorder:
         self._exit_stored = self._exit_kept = False
         self._kept_any = False  # this incarnation's spool holds events kept for a forwarder
         self._restated = False  # an exit after the one destroy_process_group wrote (``mark_exit``)
+        self._raising: str | None = None  # the exception propagating through destroy_process_group
+        self._destroy_line: bytes | None = None  # the exit destroy_process_group wrote, as queued
+        self.group_end_stored = False  # the store holds it
         self._next_forward = 0.0
         self._stored_noted = -1  # the stream's entries as the spool last noted them (``_write``)
         self._next_write = 0.0  # (monotonic) the store's pace: ``StoreWriter.write_every``
@@ -241,6 +244,7 @@ class Recorder:
         self.exited, self._ended_by, self._exit, self.crash, self.interrupted = False, None, None, None, None
         self._exit_line, self._exit_stored, self._exit_kept = None, False, False
         self._spool_tried, self._no_spool, self._kept_any, self._restated = False, None, False, False
+        self._raising, self._destroy_line, self.group_end_stored = None, None, False
         self._stored_noted = -1
 
     def _new_outbox(self) -> Outbox:
@@ -351,12 +355,14 @@ class Recorder:
     def resume(self) -> None:
         self.ops.install()
 
-    def mark_exit(self, reason: str, code: int | None = None) -> None:
+    def mark_exit(self, reason: str, code: int | None = None, raising: str | None = None) -> None:
         """Note a shutdown once; its ``exit`` event follows everything recorded before.
 
         After ``destroy_process_group`` wrote its exit, an ending that is not clean (an
         uncaught exception, a failing code) is noted again, as a later exit: a rank that
-        crashed saving its checkpoint after the group ended read healthy (helper-186)."""
+        crashed saving its checkpoint after the group ended read healthy (helper-186).
+        ``raising``: the exception propagating through ``destroy_process_group`` (called in a
+        ``finally``), which the later ending is: what it skipped is not the program's doing."""
         if self.exited:
             if not (self._ended_by == events.DESTROYED and not self.group_alive and (self.crash or code)):
                 return
@@ -364,6 +370,8 @@ class Recorder:
                 self._exit_line, self._exit_stored, self._exit_kept = None, False, False
             self._restated = True
         self.exited, self._ended_by = True, reason
+        if reason == events.DESTROYED:
+            self._raising = raising
         self._exit = (time.time_ns(), reason, code)
 
     def stop(self, reason: str = "uninstrument", timeout: float | None = None, code: int | None = None) -> None:
@@ -460,9 +468,14 @@ class Recorder:
                 emit(self._exit_event(self._exit, self.spool))
                 self._exit = None
             else:
-                line = self._stamped(self._exit_event(self._exit, self.spool))  # (outside the lock: held briefly)
+                noted = self._exit
+                line = self._stamped(self._exit_event(noted, self.spool))  # (outside the lock: held briefly)
                 with self._exit_lock:
-                    self._exit_line, self._exit = line, None
+                    if noted[1] == events.DESTROYED:
+                        self._destroy_line = line
+                    self._exit_line = line
+                    if self._exit is noted:  # (a crash noted meanwhile, after the destroy's: the next tick's)
+                        self._exit = None
                 outbox.put(line, EXIT_RING_END)  # last, after everything recorded before it
         if due:
             self._write(final, started, deadline)
@@ -484,21 +497,28 @@ class Recorder:
             exit_ev["unwaited_count"] = count
         if self.crash:
             exit_ev["exc"] = self.crash
+        if reason == events.DESTROYED and self._raising:
+            exit_ev["raising"] = self._raising
         if sp is not None:  # (a SIGTERM a handler of the program's own took, and when)
             exit_ev.update(sp.stop_noted())
         if self.interrupted is not None and "stop_signal" not in exit_ev:  # (Ctrl-C: ``_excepthook``)
             exit_ev.update(stop_signal="Interrupt", stop_ts=self.interrupted)
         return exit_ev
 
-    def _exit_landed(self) -> None:
+    def _exit_landed(self, line: bytes) -> None:
         """The store holds the exit: the spool says so at once, so that a forwarder of a spool
         left behind (its process gone before the tick ended) adds no second one; the exit of
         ``destroy_process_group`` as the group's end (``spool.GROUP_ENDED``: the process goes
         on, and how it then dies, if it does, is still to be said)."""
         with self._exit_lock:
+            if line == self._destroy_line:  # (by the line that landed: a later ending may be noted since)
+                self.group_end_stored = True
+                if self.spool is not None:
+                    self.spool.set_flag(spool.GROUP_ENDED)
+                return
             self._exit_stored = True
-            if self.spool is not None:  # (the destroy's, where no later ending was noted since)
-                self.spool.set_flag(spool.GROUP_ENDED if self._ended_by == events.DESTROYED else spool.EXIT_STORED)
+            if self.spool is not None:
+                self.spool.set_flag(spool.EXIT_STORED)
 
     def _meta_landed(self) -> None:
         """The store holds the meta: the spool says so, so that a forwarder of a spool left
@@ -512,9 +532,10 @@ class Recorder:
         exit once, whoever keeps it first)."""
         if is_exit:
             with self._exit_lock:
-                if self._exit_kept or self._exit_stored:
+                if self._exit_kept or self._exit_stored or (self.group_end_stored and line == self._destroy_line):
                     return
-                self._exit_kept = True
+                if line != self._destroy_line or not self._restated:  # (a later one follows it: kept too)
+                    self._exit_kept = True
         self.ops.keep_event(line)
         self._kept_any = True
 
@@ -536,7 +557,8 @@ class Recorder:
             return
         try:
             line = self._exit_line or line
-            if line is not None and not (self._exit_kept or self._exit_stored):
+            if line is not None and not (self._exit_kept or self._exit_stored
+                                         or (self.group_end_stored and line == self._destroy_line)):
                 self._exit_kept = True
                 self.ops.keep_event(line)
                 self._kept_any = True
