@@ -1863,3 +1863,27 @@ def test_a_straggler_says_how_long_its_collectives_take_in_the_unit_that_reads(l
     assert [x.culprits for x in f] == [[3]]
     assert f"(the collectives themselves take a median {said})" in f[0].message, f[0].message
     assert f[0].evidence["median_latency_s"] == latency_us / 1e6
+
+
+def test_a_timeout_says_each_rank_of_a_chain_held_by_its_own_peer():
+    """Rank 0 sends to 1, which receives from 2, which waits in the all_reduce until it times
+    out: "ranks 0, 1 ... each held in a send or recv that rank 2 had not posted" said rank 0
+    waited on rank 2 (it waited on rank 1; helper-191)."""
+    b = TraceBuilder(3)
+    t = b.warmup()
+    s0 = b.begin(0, t, "send", peer=1, dir="send")
+    r1 = b.begin(1, t, "recv", peer=2, dir="recv")
+    a2 = b.begin(2, t, "all_reduce")
+    fired = t + 5 * S
+    b.end(0, s0, fired, exc=TIMED_OUT.replace("recv", "send"))
+    b.end(1, r1, fired + MS, exc=TIMED_OUT)
+    b.end(2, a2, fired + 2 * MS, exc=TIMED_OUT)
+    for r in range(3):
+        b.exit(r, fired + (10 + r) * MS, reason="exception", exc=TIMED_OUT)
+    b.heartbeats(b.t0, fired)
+    _, f = replay(b, {2})
+    assert errors(f) == [("rank_crashed", [2])], [x.message for x in f]
+    said = f[0].message
+    assert "that rank 2 had not posted" not in said, said
+    assert ("rank 0's send #1 to 1 (group 0) had failed, rank 1 never having posted its side, itself held so by "
+            "rank 2; rank 1's recv #1 from 2 (group 0) had failed, rank 2 never having posted its side") in said, said

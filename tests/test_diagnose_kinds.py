@@ -1467,3 +1467,40 @@ def test_a_timed_out_wait_and_another_group_s_hang_on_one_absent_rank_are_one_fi
     _, f = run(b)
     assert [(x.kind, x.culprits, x.group) for x in f] == [("op_failed", [2], "A")], [x.message for x in f]
     assert ("missing_ranks", "B") in [(c["kind"], c["group"]) for c in f[0].evidence["consequences"]]
+
+
+@pytest.mark.parametrize("cpu", [97.0, 3.0])
+def test_a_missing_rank_busy_outside_any_op_is_said_computing_not_idle(cpu):
+    """A rank spinning in Python instead of joining the all_reduce was "idle" while its
+    samples said 70% CPU (helper-191): from its samples since its last op, it computes."""
+    b = TraceBuilder(4)
+    t = b.warmup()
+    for r in (0, 1, 3):
+        b.sync(r, t, None, "all_reduce")
+    for r in range(4):
+        k = t
+        while k <= t + 10 * S:
+            b.heartbeat(r, k, cpu=cpu if r == 2 else 1.0)
+            k += S // 5
+    _, f = run(b, now=t + 10 * S)
+    (miss,) = [x for x in f if x.kind == "missing_ranks"]
+    assert miss.culprits == [2] and 0 not in miss.culprits
+    said = "computing, not communicating (97% CPU; last all_reduce" if cpu > 50 else "rank 2 is idle (last all_reduce"
+    assert said in miss.message, miss.message
+    assert ("computing" in miss.message) == (cpu > 50)
+
+
+def test_a_consequence_unmatched_p2p_names_the_rank_waiting_in_it_not_its_peer():
+    """Rank 0 sends to 1, which receives from 2, which is in the all_reduce: "Then: ranks 0, 1
+    blocked in send #1" said rank 1, in a recv, was in the send (helper-191)."""
+    b = TraceBuilder(3)
+    t = b.warmup()
+    b.sync(0, t, None, "send", peer=1, dir="send")
+    b.sync(1, t, None, "recv", peer=2, dir="recv")
+    b.sync(2, t, None, "all_reduce")
+    b.heartbeats(t, t + 10 * S)
+    _, f = run(b, now=t + 10 * S)
+    errors = [x for x in f if x.severity == "error"]
+    assert [(x.kind, x.culprits) for x in errors] == [("unmatched_p2p", [2])]
+    then = errors[0].message.split(". Then: ")[1]
+    assert then.split("; ") == ["rank 2 waited in all_reduce #4", "rank 0 blocked in send #1"], then

@@ -206,3 +206,41 @@ def test_a_stack_says_one_folded_frame_as_one():
         console.print(stack([{"name": "MainThread", "frames": [["train.py", 9, "step"]], "inside": "all_reduce",
                               "folded": folded}]))
         assert said in console.file.getvalue()
+
+
+def test_a_long_consequence_wraps_under_its_message_not_its_kind():
+    """At 80 columns a consequence's message went on at column 0, under the kind (helper-191)."""
+    from commscope.analysis.evidence import consequences
+
+    message = ("all_reduce #6 (group 0, 4 ranks) failed on ranks 0, 2 after rank 1 died: Connection closed "
+               "by peer [127.0.0.1]:4455")
+    text = _drawn(consequences({"consequences": [{"kind": "op_failed", "message": message},
+                                                 {"kind": "missing_ranks", "message": "[x] short"}]})[1], 80)
+    lines = text.rstrip().splitlines()
+    assert len(lines) == 3 and lines[0].split()[0] == "op_failed" and lines[2].split() == ["missing_ranks", "[x]",
+                                                                                           "short"]
+    start = lines[0].index("all_reduce")
+    assert lines[1][:start].strip() == "" and lines[1][start:].startswith("rank 1 died")  # under the message
+    assert " ".join([*lines[0].split()[1:], *lines[1].split()]) == message
+
+
+@pytest.mark.parametrize("how", ["killed", "silent"])
+def test_a_killed_rank_is_not_said_to_have_been_silent_against_a_threshold(how):
+    """A rank whose exit said it left through os._exit(3) read "silent for 0.0 s (threshold
+    10.0 s)": no silence was waited for (helper-191)."""
+    from rich.console import Console
+
+    from commscope.analysis.findings import Finding
+    from commscope.analysis.liveness import Dead
+
+    ev = Dead(how=how, last_seen_ns=0, silent_s=0.0 if how == "killed" else 12.5, threshold_s=10.0,
+              sample_interval_s=1.0, activity={"text": "idle"}, cause="left through os._exit(3)")
+    f = Finding("dead_rank", None, None, None, [1], [1], "rank 1 was gone", ev)
+    console = Console(width=100, file=io.StringIO())
+    for r in ev.render(f):
+        console.print(r)
+    text = console.file.getvalue()
+    if how == "killed":
+        assert "silent for" not in text and "threshold" not in text and "gone for 0.0 s" in text, text
+    else:
+        assert "silent for 12.5 s (threshold 10.0 s)" in text, text

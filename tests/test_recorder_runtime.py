@@ -89,7 +89,8 @@ def unwritable(rank: int, ws: int, store: str) -> list:
         rec = commscope.record.recorder.active()
         dropped = rec.outbox.dropped + len(rec.outbox.pending)
         commscope.uninstrument()
-    msgs = [str(w.message) for w in caught if "commscope" in str(w.message)]
+    msgs = [warnings.formatwarning(w.message, w.category, w.filename, w.lineno, w.line)
+            for w in caught if "commscope" in str(w.message)]  # (as Python prints them)
     return [x.tolist(), msgs, dropped]
 
 
@@ -102,6 +103,7 @@ def test_unwritable_store_never_disturbs_training_and_warns_once(tmp_path):
         assert values == [3.0 * 2**19] * 3  # 1 + 2, then doubled by each of the other 19 sums
         store_msgs = [m for m in msgs if "cannot write trace store" in m]
         assert len(store_msgs) == 1, msgs
+        assert ".py:" not in store_msgs[0], store_msgs  # commscope's, not its source line's (helper-193)
         assert dropped > 0
 
 

@@ -14,6 +14,7 @@ import threading
 import time
 
 import pytest
+import redis
 from redis_fixture import *  # noqa: F403  (the redis_server and redis_url fixtures)
 from redis_fixture import busiest_by_redis_py, cluster_client, filled, redis_client
 
@@ -1272,3 +1273,25 @@ def test_a_node_refusing_to_say_whether_the_job_is_there_is_not_no_job(redis_url
         assert "NOPERM" in err and "no job" not in err and ":pw@" not in err, err
     finally:
         admin.execute_command("ACL", "DELUSER", "elsewhere")
+
+
+def test_a_redis_full_to_its_maxmemory_is_said(redis_url):
+    """A Redis at its maxmemory refuses the ranks' appends: a check from another host (no
+    spools) exited 0 over 89% of the ops never stored, the cause said nowhere (helper-193).
+    A reader says the store is full and how many writes it refused for lack of memory."""
+    open_writer(redis_url, "oom", 0).write(lines(0, 1, 3))
+    c = redis_client(redis_url)
+    old = c.config_get("maxmemory")["maxmemory"]
+    try:
+        assert not [w for w in open_reader(redis_url).stats.warnings if "is full" in w]
+        c.config_set("maxmemory", 1)  # (under what it holds: every write refused)
+        with pytest.raises(redis.exceptions.OutOfMemoryError):
+            c.set("commscope-test-oom", "x")
+        (said,) = [w for w in open_reader(redis_url).stats.warnings if "is full" in w]
+        assert "of its maxmemory 1 B" in said and "for lack of memory since it started" in said, said
+        assert "never reached the store may be among them" in said, said
+        c.config_set("maxmemory", 0)  # (no limit: never full)
+        assert not [w for w in open_reader(redis_url).stats.warnings if "is full" in w]
+    finally:
+        c.config_set("maxmemory", old)
+        c.close()

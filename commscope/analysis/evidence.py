@@ -23,6 +23,7 @@ from typing import Any
 
 from rich.console import Group, RenderableType
 from rich.markup import escape
+from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
@@ -208,7 +209,6 @@ class PerRankTable:
 
     def __rich_console__(self, console: Any, options: Any) -> Iterator[RenderableType]:
         from rich.cells import cell_len
-        from rich.padding import Padding
 
         width = options.max_width
         widths = [max([cell_len(c), *(cell_len(row[i]) for row in self.cells)]) for i, c in enumerate(self.columns)]
@@ -393,13 +393,15 @@ def consequences(ev: MutableMapping[str, Any]) -> list[RenderableType]:
     cons = ev.get("consequences") or []
     if not cons:
         return []
-    t = Text()
+    t = Table.grid(padding=(0, 2))  # a long message wraps under itself, not under the kind
+    t.add_column(style=WARN, no_wrap=True)
+    t.add_column(style=GREY, overflow="fold")
     for c in cons[:12]:
-        t.append(f"  {c['kind']}", style=WARN)
-        t.append(f"  {c['message']}\n", style=GREY)
+        t.add_row(escape(c["kind"]), Text(c["message"]))
     if len(cons) > 12:
-        t.append(f"  … {len(cons) - 12} more\n", style=FAINT)
-    return [Text(f"consequences ({len(cons)}): folded into this finding", style=f"bold {GREY}"), t]
+        t.add_row(Text(f"… {len(cons) - 12} more", style=FAINT), "")
+    return [Text(f"consequences ({len(cons)}): folded into this finding", style=f"bold {GREY}"),
+            Padding(t, (0, 0, 0, 2))]
 
 
 def evidence_block(val: Any, depth: int = 0) -> RenderableType:

@@ -224,7 +224,8 @@ class _Arrivals:
         if not self.model.p2p:
             return Blame(tuple(absent), "absent", f"{ranks_text(absent)} had not entered it when {when}")
         since = self.begins[0] if self.begins else t  # (when the first member entered it)
-        kept = _kept_away(self.model, absent, t, came, since)
+        first: dict[int, int | None] = {}  # (each held rank's own peer: the first link of its chain)
+        kept = _kept_away(self.model, absent, t, came, since, first)
         if self.key_p2p:  # (a p2p op's own timeout: a chain back to its own ranks is a deadlock, its peer's)
             kept = {m: ends for m, ends in kept.items() if not set(ends) & came}
         if not kept:
@@ -243,9 +244,14 @@ class _Arrivals:
             elif set(held) == set(peers):
                 texts.append(f"{ranks_text(held)} had not entered it when {when}: each held in a send or recv "
                              "the others of them had not posted (a p2p deadlock)")
-            else:
+            elif all(first.get(m) in peers for m in held):
                 texts.append(f"{ranks_text(held)} had not entered it when {when}: each held in a send or recv "
                              f"that {ranks_text(peers)} had not posted")
+            else:  # (a chain: rank 0 sends to 1, which receives from 2; 0 was not held by 2, helper-191)
+                each = [_of_rank(m, _held_text(self.model, m, peers, t, came, since)) for m in held[:TEXT_PEERS]]
+                texts.append(f"{ranks_text(held)} had not entered it when {when}: each held in a send or recv "
+                             f"whose peer had not posted its side, a chain that ends at {ranks_text(peers)} ("
+                             + "; ".join(each) + ("; ..." if len(held) > TEXT_PEERS else "") + ")")
         if len(by_peers) > TEXT_PEERS:
             texts.append(f"and {len(by_peers) - TEXT_PEERS} more sets of ranks held so")
         if rest:
@@ -257,14 +263,16 @@ class _Arrivals:
 TEXT_PEERS = 4
 
 
-def _kept_away(model: TraceModel, absent: list[int], t: int, came: set[int], since: int
-               ) -> dict[int, tuple[int, ...]]:
+def _kept_away(model: TraceModel, absent: list[int], t: int, came: set[int], since: int,
+               peer: dict[int, int | None] | None = None) -> dict[int, tuple[int, ...]]:
     """Of the members absent at a timeout ``t`` (``came``: those that had entered), those
     held away by a send or recv whose peer never posted its side (``held_by_peer``), each
     with where its chain of such waits ends: the rank that was not held (rank 1 waits on 2,
     which waits on 3, in the barrier: 3), or the ranks of a cycle of them (two absent ranks
-    each in a recv from the other).  Each rank's end is found once (a 16k-rank chain)."""
-    peer: dict[int, int | None] = {}
+    each in a recv from the other).  Each rank's end is found once (a 16k-rank chain).
+    ``peer``, where given, is filled with each rank's own peer (None: not held)."""
+    if peer is None:
+        peer = {}
 
     def next_of(m: int) -> int | None:
         if m not in peer:
@@ -304,6 +312,13 @@ def _held_text(model: TraceModel, m: int, ends: tuple[int, ...], t: int, came: s
     if i in rankstate.blocked_at(model, m, t):
         return f"it was blocked in {model.label(m, i)}, which rank {peer} had not posted{via}"
     return f"its {model.label(m, i)} had failed, rank {peer} never having posted its side{via}"
+
+
+def _of_rank(m: int, held: str) -> str:
+    """``_held_text`` said of rank ``m``: 'rank 0 was blocked in ...', "rank 0's send #1 ..."."""
+    if held.startswith("its "):
+        return f"rank {m}'s {held[4:]}"
+    return f"rank {m} {held[3:] if held.startswith('it ') else held}"
 
 
 #: Links of a chain asked whether a peer that posted after a timeout was held itself

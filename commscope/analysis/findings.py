@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import numpy as np
+
 from commscope.analysis import stacks
 from commscope.analysis.evidence import Evidence, RawEvidence
 from commscope.analysis.model import SPACE_FR, TraceModel
@@ -288,6 +290,27 @@ def _capture_note(chosen: dict, now: int) -> dict[str, Any]:
     return info
 
 
+#: The CPU (% of a core, the median of a rank's samples since its last op) from which a rank
+#: outside any op is said to be computing, not idle: a rank spinning in Python was "idle"
+#: while its samples said 70% (helper-191); one waiting on a lock or I/O reads a few per cent
+BUSY_CPU_PERCENT = 60.0
+
+
+def busy_cpu(model: TraceModel, rank: int, since: int, now: int) -> float | None:
+    """The median CPU of the rank's samples taken between ``since`` and ``now`` where it is
+    ``BUSY_CPU_PERCENT`` or more; None otherwise, or where no sample was taken then."""
+    rt = model.ranks[rank]
+    if not rt.samples.n:
+        return None
+    a = rt.samples.arrays()
+    ts, cpu = a["ts"], a["cpu"]
+    cpu = cpu[(ts > since) & (ts <= now) & ~np.isnan(cpu)]
+    if not cpu.shape[0]:
+        return None
+    median = float(np.median(cpu))
+    return median if median >= BUSY_CPU_PERCENT else None
+
+
 def activity(model: TraceModel, rank: int, now: int) -> dict[str, Any]:
     """What a rank is doing instead: its state, current or last op, stack."""
     snap = snapshot(model, now)[rank]
@@ -298,6 +321,8 @@ def activity(model: TraceModel, rank: int, now: int) -> dict[str, Any]:
         d["state"] = "unknown"
         d["text"] = "no events recorded"
         return d
+    if st.kind == "idle" and st.text.startswith("idle (") and (cpu := busy_cpu(model, rank, st.since_ns, now)):
+        d["text"] = f"computing, not communicating ({cpu:.0f}% CPU; {st.text[len('idle ('):]}"
     if st.kind in ("blocked", "dead") and st.op is not None:
         d["in_op"] = op_brief(model, rank, st.op, now)
     last = snap.last_done

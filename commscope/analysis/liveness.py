@@ -39,6 +39,8 @@ class Dead(Evidence):
         act = self.activity or {}
         how = {"vanished": "vanished while its peers' ops failed", "killed": self.get("cause", "killed")}
         rows = [("how", how.get(self.how, "heartbeat stopped")),
+                ("gone for", f"{float(self.silent_s or 0):.1f} s (its exit said how: no silence was waited for)")
+                if self.how == "killed" else
                 ("silent for", f"{float(self.silent_s or 0):.1f} s (threshold {float(self.threshold_s or 0):.1f} s)"),
                 ("was", act.get("text")), ("in", evidence.brief(act.get("in_op")) if act.get("in_op") else None),
                 ("last op", evidence.brief(act.get("last_completed_op")) if act.get("last_completed_op") else None),

@@ -128,8 +128,10 @@ def _say(c: dict[str, Any], culprits: set[int], group: str | None = None) -> str
         return f"rank {who} crashed on that failure"
     if c["kind"] == "dead_rank":
         return f"rank {', '.join(map(str, c['culprits']))} went away"
-    if c["kind"] == "unmatched_p2p":
-        return f"{hit} blocked in {where}"
+    if c["kind"] == "unmatched_p2p":  # (the ranks that wait in it, not the peer it names: "ranks 0, 1
+        # blocked in send #1" said so of rank 1, in a recv, helper-191)
+        waiting = sorted(set(c["ranks"]) - set(c.get("culprits") or ()) - culprits)
+        return f"{ranks_text(waiting) if waiting else hit} blocked in {where}"
     return f"{c['kind']} {where}"
 
 

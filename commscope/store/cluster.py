@@ -241,6 +241,17 @@ class Nodes:
                 return Clients(connected, int(reply[1]))
         return Clients(connected, DEFAULT_MAXCLIENTS, said=False)
 
+    def each_master(self, *args: Any) -> dict[Address, Any]:
+        """One command on every node serving slots (one, for a single Redis): its reply by
+        node; a node that refuses it or cannot be reached is left out."""
+        out: dict[Address, Any] = {}
+        for address in self.masters():
+            try:
+                out[address] = self._conn(address).call(*args)
+            except (OSError, ReplyError, StoreError):
+                continue
+        return out
+
     def keep_only(self, *keys: bytes | str) -> None:
         """Close the connections to every node but those of ``keys``: a writer appends to one
         stream (a keeper of keyframes reads its process's), and 16k ranks each holding a

@@ -51,6 +51,7 @@ from commscope.store.cluster import Nodes, keyslot
 from commscope.store.redis_keys import Keys, LegacyKeys, entry_number
 from commscope.store.redis_url import MAX_WRITE_EVERY, RedisTarget, parse_url, scrub
 from commscope.store.resp import Connection, RedisAuthError, RedisTLSRefused, ReplyError, pack
+from commscope.units import size
 from commscope.window import Since
 
 # ---------------------------------------------------------------------------- writer
@@ -857,6 +858,10 @@ class RedisReader(TraceReader):
             self.stats.warnings.append(f"{self._shown} {_evicts(evicting)}: it may have dropped streams of this "
                                        "trace, or the job's index, whole (set maxmemory-policy noeviction for "
                                        "a trace store)")
+        full = full_nodes(self._nodes)
+        if full:
+            self.stats.warnings.append(f"{self._shown} {full}: events of this trace that never reached the store "
+                                       "may be among them (raise maxmemory, or free memory, for a trace store)")
         self._cursor: dict[Stream, bytes] = {}  # stream -> id of the last entry returned
         self._last: dict[Stream, int] = {}  # stream -> number of the last commscope entry returned
         self._carried: list[Event] = []  # what streams started at a mark were in (``start_at``)
@@ -1683,6 +1688,45 @@ def evicting_policy(nodes: Nodes, key: str | bytes = Keys.JOBS) -> str | None:
             policy = line.split(b":", 1)[1].strip().decode("ascii", "replace")
             return policy if policy.startswith("allkeys-") else None
     return None
+
+
+#: The share of its ``maxmemory`` from which a Redis is said to be full (``full_nodes``)
+FULL_SHARE = 0.95
+
+
+def full_nodes(nodes: Nodes) -> str | None:
+    """What the nodes of the store that are full say (``INFO memory``: ``used_memory`` at
+    ``FULL_SHARE`` of its ``maxmemory`` or more), with the writes each refused for lack of
+    memory since it started (``INFO errorstats``, ``errorstat_OOM``, Redis 6.2+): a Redis at
+    its ``maxmemory`` refuses the ranks' appends, and a reader on another host, with no
+    spool to see, saw only the events that never came (helper-193: exit 0 over 89% of ops
+    never stored, the cause said nowhere).  None where none is full, or where none says."""
+    said = []
+    for address, info in nodes.each_master("INFO", "memory").items():
+        fields = _info_fields(info)
+        try:
+            used, most = int(fields.get("used_memory", 0)), int(fields.get("maxmemory", 0))
+        except ValueError:
+            continue
+        if not most or used < FULL_SHARE * most:
+            continue
+        refused = ""
+        errors = _info_fields(nodes.each_master("INFO", "errorstats").get(address))
+        oom = dict(kv.split("=", 1) for kv in errors.get("errorstat_OOM", "").split(",") if "=" in kv)
+        if oom.get("count", "").isdigit():
+            n = int(oom["count"])
+            refused = f", and refused {n:,} write{'s' if n != 1 else ''} for lack of memory since it started"
+        where = f"node {address[0]}:{address[1]} " if len(nodes.masters()) > 1 else ""
+        said.append(f"{where}is full (used {size(used)} of its maxmemory {size(most)}{refused})")
+    return "; ".join(said) or None
+
+
+def _info_fields(info: object) -> dict[str, str]:
+    """An ``INFO`` reply's ``field:value`` lines (empty for anything else)."""
+    if not isinstance(info, bytes):
+        return {}
+    text = info.decode("utf-8", "replace")
+    return dict(line.split(":", 1) for line in text.splitlines() if ":" in line and not line.startswith("#"))
 
 
 def _evicts(policy: str) -> str:
