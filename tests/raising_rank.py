@@ -14,7 +14,11 @@ disk its checkpoint filled is the store's); ``full_early``: from just before it 
 With ``finally``, the ranks destroy their group in a ``finally``: rank 0 raises at step 5,
 rank 1 has an irecv posted that its code waits on after the all_reduce the exception cut.
 
-    python raising_rank.py STORE RELEASE [after_destroy [world|segv|full|full_early] | finally]
+With ``ddp ODD``, rank ODD builds its model one input wider than the others' and every rank
+wraps it in DistributedDataParallel: its check of the models across ranks raises on the
+ranks whose parameters differ from rank 0's, and the others then fail on the ones gone.
+
+    python raising_rank.py STORE RELEASE [after_destroy [world|segv|full|full_early] | finally | ddp ODD]
 """
 
 import os
@@ -44,6 +48,14 @@ def main() -> None:
     dist.init_process_group("gloo", timeout=timedelta(seconds=60))
     commscope.instrument(store, hang_after=2.0, sample_interval=0.2)
     rank = dist.get_rank()
+    if sys.argv[3:4] == ["ddp"]:
+        from torch.nn.parallel import DistributedDataParallel
+
+        width = 9 if rank == int(sys.argv[4]) else 8
+        model = DistributedDataParallel(torch.nn.Linear(width, 4))
+        for _ in range(3):
+            model(torch.ones(2, width)).sum().backward()
+        return
     if sys.argv[3:] == ["finally"]:
         try:
             for step in range(10):

@@ -1887,3 +1887,57 @@ def test_a_timeout_says_each_rank_of_a_chain_held_by_its_own_peer():
     assert "that rank 2 had not posted" not in said, said
     assert ("rank 0's send #1 to 1 (group 0) had failed, rank 1 never having posted its side, itself held so by "
             "rank 2; rank 1's recv #1 from 2 (group 0) had failed, rank 2 never having posted its side") in said, said
+
+
+DDP_SIZES = ("RuntimeError: [{r}]: params[0] in this process with sizes [4, 8] appears not to match sizes of the "
+             "same param in process 0.")
+DDP_COUNT = ("RuntimeError: DDP expects same model across all ranks, but Rank {r} has 2 params, while rank 0 has "
+             "inconsistent 3 params.")
+
+
+@pytest.mark.parametrize(("world", "raising", "text", "named"), [
+    (3, (1, 2), DDP_SIZES, [0]), (4, (2,), DDP_COUNT, [2]), (4, (1, 2), DDP_SIZES, [0, 1, 2, 3]),
+    (2, (1,), DDP_COUNT, [0, 1])])
+def test_ranks_raising_at_ddps_model_check_name_the_odd_model_by_majority(world, raising, text, named):
+    """DDP's check raises on the ranks whose parameters differ from rank 0's, never on rank
+    0: where all the others raised alike, rank 0's model is the odd one (helper-191: "ranks
+    1, 2 crashed together").  Live, while the others still wait in the broadcast after it
+    for the ranks gone, and once they failed there, one collective_mismatch."""
+    b = TraceBuilder(world)
+    t = b.warmup()
+    t = b.collective(t, "broadcast", root=0) + MS  # (the check's: rank 0's sizes)
+    for r in raising:
+        b.exit(r, t + 50 * MS, reason="exception", exc=text.format(r=r))
+    rest = [r for r in range(world) if r not in raising]
+    ids = {r: b.begin(r, t + r * MS, "broadcast", root=0) for r in rest}
+    b.heartbeats(b.t0, t + 5 * S, ranks=rest)
+    _, live = replay(b, set(named), end=t + 3 * S)
+    assert errors(live) == [("collective_mismatch", named)], [x.message for x in live]
+    for r in rest:
+        b.end(r, ids[r], t + 5 * S + r * MS, exc=CLOSED)
+        b.exit(r, t + 5 * S + (10 + r) * MS, reason="exception", exc=CLOSED)
+    _, f = replay(b, set(named))
+    assert errors(f) == [("collective_mismatch", named)], [x.message for x in f]
+    (x,) = f
+    assert x.evidence["died_in_it"] == list(raising) and x.evidence["differs"] == ["model"]
+    assert x.message.startswith("the ranks' models differ at DistributedDataParallel's check of them (broadcast #"), x.message
+    assert sorted(c["kind"] for c in x.evidence["consequences"]).count("rank_crashed") == world
+
+
+def test_a_long_chain_into_a_timeout_says_the_link_that_reaches_its_end():
+    """Ranks 0-5 each send to the next, rank 5 to rank 6, in the all_reduce that times out:
+    past four links the text cut the one that reaches rank 6 (helper-199)."""
+    b = TraceBuilder(7)
+    t = b.warmup()
+    sends = {r: b.begin(r, t, "send", peer=r + 1, dir="send") for r in range(6)}
+    a6 = b.begin(6, t, "all_reduce")
+    fired = t + 5 * S
+    for r in range(6):
+        b.end(r, sends[r], fired + r * MS, exc=TIMED_OUT.replace("recv", "send"))
+    b.end(6, a6, fired + 6 * MS, exc=TIMED_OUT)
+    for r in range(7):
+        b.exit(r, fired + (10 + r) * MS, reason="exception", exc=TIMED_OUT)
+    b.heartbeats(b.t0, fired)
+    _, f = replay(b, {6})
+    assert errors(f) == [("rank_crashed", [6])], [x.message for x in f]
+    assert "; rank 5's send #1 to 6 (group 0) had failed, rank 6 never having posted its side; ...)" in f[0].message, f[0].message

@@ -1469,25 +1469,34 @@ def test_a_timed_out_wait_and_another_group_s_hang_on_one_absent_rank_are_one_fi
     assert ("missing_ranks", "B") in [(c["kind"], c["group"]) for c in f[0].evidence["consequences"]]
 
 
-@pytest.mark.parametrize("cpu", [97.0, 3.0])
+@pytest.mark.parametrize("cpu", ["spinning", "idle", "spun then stuck", "idle then spinning"])
 def test_a_missing_rank_busy_outside_any_op_is_said_computing_not_idle(cpu):
     """A rank spinning in Python instead of joining the all_reduce was "idle" while its
-    samples said 70% CPU (helper-191): from its samples since its last op, it computes."""
-    b = TraceBuilder(4)
+    samples said 70% CPU (helper-191): by its latest samples, it computes.  One that
+    computed, then stuck on a lock, is idle now (helper-199); ranks busy alike are said
+    once, their figures in the evidence."""
+    b = TraceBuilder(6)
     t = b.warmup()
     for r in (0, 1, 3):
         b.sync(r, t, None, "all_reduce")
-    for r in range(4):
+    for r in range(6):
         k = t
         while k <= t + 10 * S:
-            b.heartbeat(r, k, cpu=cpu if r == 2 else 1.0)
+            late = k > t + 9 * S
+            busy = r in (2, 4, 5) and {"spinning": True, "idle": False, "spun then stuck": not late,
+                                       "idle then spinning": late}[cpu]
+            b.heartbeat(r, k, cpu=(90.0 + r + (k // MS) % 7) if busy else 1.0)
             k += S // 5
     _, f = run(b, now=t + 10 * S)
     (miss,) = [x for x in f if x.kind == "missing_ranks"]
-    assert miss.culprits == [2] and 0 not in miss.culprits
-    said = "computing, not communicating (97% CPU; last all_reduce" if cpu > 50 else "rank 2 is idle (last all_reduce"
+    assert miss.culprits == [2, 4, 5] and 0 not in miss.culprits
+    computing = cpu in ("spinning", "idle then spinning")
+    said = ("rank(s) 2, 4, 5 are computing, not communicating (busy on CPU; last all_reduce" if computing else
+            "rank(s) 2, 4, 5 are idle (last all_reduce")
     assert said in miss.message, miss.message
-    assert ("computing" in miss.message) == (cpu > 50)
+    assert ("computing" in miss.message) == computing
+    per = miss.evidence["missing_activity"]
+    assert all((per[str(r)].get("cpu", 0) >= 90) == computing for r in (2, 4, 5)), per
 
 
 def test_a_consequence_unmatched_p2p_names_the_rank_waiting_in_it_not_its_peer():

@@ -556,3 +556,21 @@ def test_healthy_job_never_shows_an_error(tmp_path, capsys):
     assert follow.polls > 5
     out = finished(store, capsys)
     assert errors_of(out) == []
+
+
+@pytest.mark.parametrize(("world", "odd", "named"), [(3, 0, [0]), (3, 2, [2]), (2, 0, [0, 1])])
+def test_a_model_that_differs_at_ddps_check_is_the_mismatch_of_the_odd_rank(tmp_path, capsys, world, odd, named):
+    """DistributedDataParallel checks every rank's parameters against rank 0's: the ranks whose
+    differ raise, rank 0 never does.  Rank 0's model odd, ranks 1 and 2 raised and read
+    "crashed together", rank 0 named nowhere (helper-191).  The models vote: the odd one out
+    by majority, both of two (a tie)."""
+    store, codes, said = ended_ranks(tmp_path, world, "ddp", str(odd))
+    raised = [r for r in range(world) if "appears not to match sizes of the same param in process 0" in said[r]]
+    assert raised == ([r for r in range(world) if r != 0] if odd == 0 else [odd]), (codes, said)
+    out = finished(store, capsys)
+    assert errors_of(out) == [("collective_mismatch", named)], [f["message"] for f in out["findings"]]
+    (f,) = [f for f in out["findings"] if f["severity"] == "error"]
+    assert f["message"].startswith("the ranks' models differ at DistributedDataParallel's check of them"), f["message"]
+    assert f["evidence"]["died_in_it"] == raised and f["evidence"]["differs"] == ["model"]
+    kinds = sorted(c["kind"] for c in f["evidence"].get("consequences") or [])
+    assert kinds.count("rank_crashed") == world, kinds  # (every rank's crash: of the check, or of those gone)

@@ -1278,20 +1278,34 @@ def test_a_node_refusing_to_say_whether_the_job_is_there_is_not_no_job(redis_url
 def test_a_redis_full_to_its_maxmemory_is_said(redis_url):
     """A Redis at its maxmemory refuses the ranks' appends: a check from another host (no
     spools) exited 0 over 89% of the ops never stored, the cause said nowhere (helper-193).
-    A reader says the store is full and how many writes it refused for lack of memory."""
+    A reader says the store is full, or refused writes for lack of memory since it started;
+    in words that do not move while ranks retry (a console says a warning once by its
+    text, helper-199)."""
     open_writer(redis_url, "oom", 0).write(lines(0, 1, 3))
     c = redis_client(redis_url)
     old = c.config_get("maxmemory")["maxmemory"]
+    policy = c.config_get("maxmemory-policy")["maxmemory-policy"]
+
+    def said() -> list[str]:
+        return [w for w in open_reader(redis_url).stats.warnings if "for lack of memory" in w]
+
     try:
-        assert not [w for w in open_reader(redis_url).stats.warnings if "is full" in w]
+        c.config_resetstat()
+        assert not said()
         c.config_set("maxmemory", 1)  # (under what it holds: every write refused)
+        full = said()
+        assert len(full) == 1 and "is full (maxmemory 1 B) and refuses writes for lack of memory: events of this " \
+            "trace that never reached the store may be among them" in full[0], full
         with pytest.raises(redis.exceptions.OutOfMemoryError):
             c.set("commscope-test-oom", "x")
-        (said,) = [w for w in open_reader(redis_url).stats.warnings if "is full" in w]
-        assert "of its maxmemory 1 B" in said and "for lack of memory since it started" in said, said
-        assert "never reached the store may be among them" in said, said
-        c.config_set("maxmemory", 0)  # (no limit: never full)
-        assert not [w for w in open_reader(redis_url).stats.warnings if "is full" in w]
+        assert said() == full  # (the same words once it refused more)
+        c.config_set("maxmemory", 0)  # (lifted: it refused some all the same)
+        (was,) = said()
+        assert "has refused writes for lack of memory since it started (maxmemory since raised or lifted)" in was, was
+        c.config_resetstat()
+        assert not said()
     finally:
         c.config_set("maxmemory", old)
+        c.config_set("maxmemory-policy", policy)
+        c.config_resetstat()
         c.close()

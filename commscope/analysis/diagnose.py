@@ -24,6 +24,7 @@ from commscope.analysis.findings import Finding
 from commscope.analysis.hangs import drawn_in
 from commscope.analysis.liveness import find_dead, find_unwaited
 from commscope.analysis.model import TraceModel
+from commscope.analysis.modelcheck import find_model_mismatches
 from commscope.analysis.p2p import find_p2p
 from commscope.analysis.rankstate import snapshot
 from commscope.analysis.rootcause import resolve
@@ -72,6 +73,7 @@ def diagnose(model: TraceModel, now: int | None = None, hang_after: float | None
     before, replaced = find_history_mismatches(model, mismatches)
     gone = {id(f) for f in replaced}
     findings += [f for f in mismatches if id(f) not in gone] + before + find_group_disagreements(model)
+    findings += find_model_mismatches(model)
     hangs = find_missing(model, now, hang_ns, mismatch_rows) + find_p2p(model, now, hang_ns)
     drawn = drawn_in(model, now, hang_ns, hangs)
     if drawn:  # (ranks a hang waits on, blocked a moment less than hang_after: part of it)

@@ -37,6 +37,7 @@ from commscope.analysis.errors import (
     RAISED_FROM,
     RELAYED,
     TIMEOUT,
+    classify,
     first_line,
 )
 from commscope.analysis.evidence import ABSENT, Evidence, record
@@ -248,7 +249,11 @@ class _Arrivals:
                 texts.append(f"{ranks_text(held)} had not entered it when {when}: each held in a send or recv "
                              f"that {ranks_text(peers)} had not posted")
             else:  # (a chain: rank 0 sends to 1, which receives from 2; 0 was not held by 2, helper-191)
-                each = [_of_rank(m, _held_text(self.model, m, peers, t, came, since)) for m in held[:TEXT_PEERS]]
+                # (the links that reach the chain's end first: past TEXT_PEERS, the one that
+                # names where it ends was cut, helper-199)
+                kept = set(sorted(held, key=lambda m: first.get(m) not in peers)[:TEXT_PEERS])
+                said = [m for m in held if m in kept]
+                each = [_of_rank(m, _held_text(self.model, m, peers, t, came, since)) for m in said]
                 texts.append(f"{ranks_text(held)} had not entered it when {when}: each held in a send or recv "
                              f"whose peer had not posted its side, a chain that ends at {ranks_text(peers)} ("
                              + "; ".join(each) + ("; ..." if len(held) > TEXT_PEERS else "") + ")")
@@ -378,6 +383,13 @@ def held_by_peer(model: TraceModel, m: int, t: int, came: set[int] | frozenset[i
     return None
 
 
+def _crashed_of_a_failure(model: TraceModel, m: int) -> bool:
+    """Whether rank ``m`` crashed of an exception saying a peer went, a timeout fired or
+    another rank's op failed (``errors.classify``): it went because something else did."""
+    ex = rankstate.crash(model, m)
+    return ex is not None and bool(ex.get("exc")) and classify(str(ex["exc"])).kind in (PEER_GONE, TIMEOUT, RELAYED)
+
+
 def _blame_one(model: TraceModel, r: int, i: int, now: int, arrivals: _Arrivals, hang_ns: int) -> Blame | None:
     """Blame for one primary failure (None: it only relays another rank's failure)."""
     kind = model.exc_kind(r, i)
@@ -402,6 +414,13 @@ def _blame_one(model: TraceModel, r: int, i: int, now: int, arrivals: _Arrivals,
         gone_too = {*rankstate.vanished(model, now), *rankstate.never_came_to(model, r, i)}
         gone = rankstate.went_first(model, rankstate.awaited_first(
             model, r, i, sorted({*left, *(m for m in silent if m in gone_too)})))
+        # (a rank that crashed of a failure of its own, a connection closed or a timeout,
+        # beside one that went by itself, went because that one did: rank 2 raised at DDP's
+        # check, rank 1's all_reduce then failed and it crashed, and rank 0's broadcast, failing
+        # after both, blamed them both; rank 1's failure, blamed on 0 and 2, closed a cycle)
+        own = [m for m in gone if not _crashed_of_a_failure(model, m)]
+        if own:
+            gone = own
         if gone:
             return Blame(tuple(gone), "left", "; ".join(f"rank {m} {_departure(model, m, now)}" for m in gone)
                          + " before the op failed")

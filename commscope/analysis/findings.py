@@ -290,21 +290,29 @@ def _capture_note(chosen: dict, now: int) -> dict[str, Any]:
     return info
 
 
-#: The CPU (% of a core, the median of a rank's samples since its last op) from which a rank
-#: outside any op is said to be computing, not idle: a rank spinning in Python was "idle"
-#: while its samples said 70% (helper-191); one waiting on a lock or I/O reads a few per cent
+#: The CPU (% of a core, the median of a rank's latest samples since its last op) from which
+#: a rank outside any op is said to be computing, not idle: a rank spinning in Python was
+#: "idle" while its samples said 70% (helper-191); one waiting on a lock or I/O reads a few
+#: per cent
 BUSY_CPU_PERCENT = 60.0
+
+#: The samples ``busy_cpu`` judges by: the latest, what the rank does now (a rank that
+#: computed for 30 s and then stuck on a lock read "computing" by all of them, helper-199)
+BUSY_SAMPLES = 3
 
 
 def busy_cpu(model: TraceModel, rank: int, since: int, now: int) -> float | None:
-    """The median CPU of the rank's samples taken between ``since`` and ``now`` where it is
-    ``BUSY_CPU_PERCENT`` or more; None otherwise, or where no sample was taken then."""
+    """The median CPU of the rank's latest ``BUSY_SAMPLES`` samples taken between ``since``
+    and ``now`` where it is ``BUSY_CPU_PERCENT`` or more; None otherwise, or where no sample
+    was taken then."""
     rt = model.ranks[rank]
     if not rt.samples.n:
         return None
     a = rt.samples.arrays()
     ts, cpu = a["ts"], a["cpu"]
-    cpu = cpu[(ts > since) & (ts <= now) & ~np.isnan(cpu)]
+    lo, hi = np.searchsorted(ts, [since, now], side="right")  # (a rank's samples in time order)
+    cpu = cpu[max(int(lo), int(hi) - BUSY_SAMPLES):int(hi)]
+    cpu = cpu[~np.isnan(cpu)]
     if not cpu.shape[0]:
         return None
     median = float(np.median(cpu))
@@ -322,7 +330,9 @@ def activity(model: TraceModel, rank: int, now: int) -> dict[str, Any]:
         d["text"] = "no events recorded"
         return d
     if st.kind == "idle" and st.text.startswith("idle (") and (cpu := busy_cpu(model, rank, st.since_ns, now)):
-        d["text"] = f"computing, not communicating ({cpu:.0f}% CPU; {st.text[len('idle ('):]}"
+        # (its figure in the evidence alone: ranks doing the same are said once, ``doing_instead``)
+        d["text"] = f"computing, not communicating (busy on CPU; {st.text[len('idle ('):]}"
+        d["cpu"] = round(cpu)
     if st.kind in ("blocked", "dead") and st.op is not None:
         d["in_op"] = op_brief(model, rank, st.op, now)
     last = snap.last_done

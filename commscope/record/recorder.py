@@ -418,7 +418,8 @@ class Recorder:
         self._warned.add(key)
         # (said as commscope's, not as the line of commscope that noticed it: the training log
         # it lands in showed our source, helper-193)
-        warnings.warn_explicit(message, RuntimeWarning, "commscope", 0, module="commscope")
+        # (its module the recorder's: a filter on commscope, or commscope.record, still matches it)
+        warnings.warn_explicit(message, RuntimeWarning, "commscope", 0, module=__name__)
 
     def _tick(self, final: bool = False) -> None:
         with self._tick_lock:

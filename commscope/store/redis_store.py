@@ -1690,34 +1690,39 @@ def evicting_policy(nodes: Nodes, key: str | bytes = Keys.JOBS) -> str | None:
     return None
 
 
-#: The share of its ``maxmemory`` from which a Redis is said to be full (``full_nodes``)
+#: The share of its ``maxmemory`` from which a Redis that refused writes for lack of memory
+#: is said to be full (``full_nodes``; over it, it is full whatever it refused)
 FULL_SHARE = 0.95
 
 
 def full_nodes(nodes: Nodes) -> str | None:
-    """What the nodes of the store that are full say (``INFO memory``: ``used_memory`` at
-    ``FULL_SHARE`` of its ``maxmemory`` or more), with the writes each refused for lack of
-    memory since it started (``INFO errorstats``, ``errorstat_OOM``, Redis 6.2+): a Redis at
-    its ``maxmemory`` refuses the ranks' appends, and a reader on another host, with no
-    spool to see, saw only the events that never came (helper-193: exit 0 over 89% of ops
-    never stored, the cause said nowhere).  None where none is full, or where none says."""
+    """What the nodes of the store that refuse writes for lack of memory say: over their
+    ``maxmemory`` (``INFO memory``), or near it having refused some (``INFO errorstats``,
+    ``errorstat_OOM``, Redis 6.2+, since it started), or having refused some at all.  A
+    Redis at its ``maxmemory`` refuses the ranks' appends, and a reader on another host, with
+    no spool to see, saw only the events that never came (helper-193: exit 0 over 89% of ops
+    never stored, the cause said nowhere).  Not of a node that evicts keys (``allkeys-*``:
+    full by design, ``evicting_policy`` says it).  Its words hold no figure that moves while
+    ranks retry: a console says a warning once by its text (helper-199).  None where none
+    refuses, or where none says."""
     said = []
     for address, info in nodes.each_master("INFO", "memory").items():
         fields = _info_fields(info)
+        if fields.get("maxmemory_policy", "").startswith("allkeys-"):
+            continue
         try:
             used, most = int(fields.get("used_memory", 0)), int(fields.get("maxmemory", 0))
         except ValueError:
             continue
-        if not most or used < FULL_SHARE * most:
-            continue
-        refused = ""
         errors = _info_fields(nodes.each_master("INFO", "errorstats").get(address))
         oom = dict(kv.split("=", 1) for kv in errors.get("errorstat_OOM", "").split(",") if "=" in kv)
-        if oom.get("count", "").isdigit():
-            n = int(oom["count"])
-            refused = f", and refused {n:,} write{'s' if n != 1 else ''} for lack of memory since it started"
+        refused = int(oom["count"]) if oom.get("count", "").isdigit() else 0
         where = f"node {address[0]}:{address[1]} " if len(nodes.masters()) > 1 else ""
-        said.append(f"{where}is full (used {size(used)} of its maxmemory {size(most)}{refused})")
+        if most and (used > most or refused and used >= FULL_SHARE * most):
+            said.append(f"{where}is full (maxmemory {size(most)}) and refuses writes for lack of memory")
+        elif refused:
+            said.append(f"{where}has refused writes for lack of memory since it started (maxmemory "
+                        f"{size(most) if most else 'since raised or lifted'})")
     return "; ".join(said) or None
 
 
