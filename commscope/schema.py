@@ -326,6 +326,10 @@ def _what(line: bytes) -> str:
     return kind
 
 
+#: Why an event of a schema version this commscope does not read was skipped (``reason_of``)
+VERSION_REFUSED = "unsupported schema version"
+
+
 def reason_of(exc: msgspec.ValidationError, kind: str) -> str:
     """A short, bounded reason from a validation error: 'sample: bad rss', 'event: not an object'."""
     m = _FIELD.search(str(exc))
@@ -335,7 +339,7 @@ def reason_of(exc: msgspec.ValidationError, kind: str) -> str:
     if field == "type":
         return "unknown event type"
     if field == "v":
-        return f"{kind}: unsupported schema version"
+        return f"{kind}: {VERSION_REFUSED}"
     return f"{kind}: bad {field}"
 
 

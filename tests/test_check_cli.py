@@ -13,7 +13,7 @@ import pytest
 from commscope import errors
 from commscope.analysis.synth import S, TraceBuilder, healthy_trace
 from commscope.cli import main as cli
-from commscope.events import encode
+from commscope.events import SCHEMA_VERSION, encode
 from commscope.store import open_writer
 
 JOB = "job-1"
@@ -306,3 +306,15 @@ def test_a_progress_bar_runs_no_thread_so_a_read_under_it_forks_its_workers(monk
     with progress.status("judging the run's earlier attempts", True):  # (a read of them may go on under it)
         assert threading.active_count() == 1 and bulkread.start_method() == "fork"
     assert "judging the run's earlier attempts" in capsys.readouterr().err
+
+
+def test_a_trace_of_another_schema_version_is_said_so_not_corrupt(tmp_path, capsys):
+    """A trace recorded by a newer commscope read "corrupt beyond use (0 damaged line(s), 835
+    invalid event(s))": the version, which the reader knew, said nowhere (helper-198)."""
+    events = [dict(e, v=9) for e in healthy_trace(2, 20)]
+    store = write_store(tmp_path / "newer", events)
+    capsys.readouterr()
+    assert cli(["check", str(store)]) == 2
+    err = capsys.readouterr().err
+    assert "written by another version of commscope" in err and "corrupt" not in err, err
+    assert f"it reads version {SCHEMA_VERSION}" in err, err

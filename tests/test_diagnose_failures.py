@@ -1891,26 +1891,36 @@ def test_a_timeout_says_each_rank_of_a_chain_held_by_its_own_peer():
 
 DDP_SIZES = ("RuntimeError: [{r}]: params[0] in this process with sizes [4, 8] appears not to match sizes of the "
              "same param in process 0.")
-DDP_COUNT = ("RuntimeError: DDP expects same model across all ranks, but Rank {r} has 2 params, while rank 0 has "
-             "inconsistent 3 params.")
+DDP_STRIDES = ("RuntimeError: [{r}]: params[0] in this process with sizes [4, 8] appears not to match strides of the "
+               "same param in process 0.")
+DDP_COUNT = ("RuntimeError: DDP expects same model across all ranks, but Rank {r} has {n} params, while rank {other} "
+             "has inconsistent {m} params.")
 
 
 @pytest.mark.parametrize(("world", "raising", "text", "named"), [
-    (3, (1, 2), DDP_SIZES, [0]), (4, (2,), DDP_COUNT, [2]), (4, (1, 2), DDP_SIZES, [0, 1, 2, 3]),
-    (2, (1,), DDP_COUNT, [0, 1])])
+    (3, (1, 2), DDP_SIZES, [0]), (3, (1, 2), DDP_STRIDES, [0]), (4, (2,), DDP_SIZES, [2]),
+    (4, (1, 2), DDP_SIZES, [0, 1, 2, 3]), (2, (1,), DDP_SIZES, [0, 1])])
 def test_ranks_raising_at_ddps_model_check_name_the_odd_model_by_majority(world, raising, text, named):
-    """DDP's check raises on the ranks whose parameters differ from rank 0's, never on rank
-    0: where all the others raised alike, rank 0's model is the odd one (helper-191: "ranks
-    1, 2 crashed together").  Live, while the others still wait in the broadcast after it
-    for the ranks gone, and once they failed there, one collective_mismatch."""
+    """DDP's check of sizes and strides raises on the ranks whose parameters differ from rank
+    0's, never on rank 0: where all the others raised alike, rank 0's model is the odd one
+    (helper-191: "ranks 1, 2 crashed together").  While the others still wait in the
+    broadcast after it for the ranks gone, and once they failed there, one
+    collective_mismatch; while a member's exit is not read yet and could turn the vote,
+    nobody is named (a live poll named the ranks that raised first, helper-200)."""
     b = TraceBuilder(world)
     t = b.warmup()
     t = b.collective(t, "broadcast", root=0) + MS  # (the check's: rank 0's sizes)
     for r in raising:
-        b.exit(r, t + 50 * MS, reason="exception", exc=text.format(r=r))
+        b.exit(r, t + 50 * MS * (1 + (r == raising[-1]) * 20), reason="exception", exc=text.format(r=r))
     rest = [r for r in range(world) if r not in raising]
     ids = {r: b.begin(r, t + r * MS, "broadcast", root=0) for r in rest}
     b.heartbeats(b.t0, t + 5 * S, ranks=rest)
+    if len(raising) > 1:  # (the last exit not read yet: its vote could turn it)
+        m = TraceModel()
+        m.ingest(sorted((e for e in b.events if e["ts"] < t + 500 * MS), key=lambda e: e["ts"]))
+        early = [x for x in diagnose(m, now=t + 500 * MS, hang_after=2.0) if x.severity == "error"]
+        assert [(x.kind, x.culprits) for x in early] == [("collective_mismatch", [])], [x.message for x in early]
+        assert "not seen past it yet" in early[0].message, early[0].message
     _, live = replay(b, set(named), end=t + 3 * S)
     assert errors(live) == [("collective_mismatch", named)], [x.message for x in live]
     for r in rest:
@@ -1922,6 +1932,24 @@ def test_ranks_raising_at_ddps_model_check_name_the_odd_model_by_majority(world,
     assert x.evidence["died_in_it"] == list(raising) and x.evidence["differs"] == ["model"]
     assert x.message.startswith("the ranks' models differ at DistributedDataParallel's check of them (broadcast #"), x.message
     assert sorted(c["kind"] for c in x.evidence["consequences"]).count("rank_crashed") == world
+
+
+@pytest.mark.parametrize(("world", "odd", "named"), [(4, 2, [2]), (3, 0, [0]), (2, 1, [0, 1])])
+def test_ranks_raising_at_ddps_count_of_params_name_the_odd_model(world, odd, named):
+    """DDP's check of the number of parameters gathers every rank's, and every rank raises
+    where another's differs, each saying its own count first: the counts vote (helper-200:
+    the texts naming another rank than 0 were not read, and the others' crashes stood apart)."""
+    b = TraceBuilder(world)
+    t = b.warmup()
+    t = b.collective(t, "all_gather") + MS
+    for r in range(world):
+        n, other = (4, 0 if odd else 1) if r == odd else (2, odd)
+        b.exit(r, t + (50 + r) * MS, reason="exception",
+               exc=DDP_COUNT.format(r=r, n=n, other=other, m=2 if r == odd else 4))
+    _, f = replay(b, set(named))
+    assert errors(f) == [("collective_mismatch", named)], [x.message for x in f]
+    assert f[0].evidence["died_in_it"] == list(range(world))
+    assert sorted(c["kind"] for c in f[0].evidence["consequences"]) == ["rank_crashed"] * world
 
 
 def test_a_long_chain_into_a_timeout_says_the_link_that_reaches_its_end():
@@ -1941,3 +1969,19 @@ def test_a_long_chain_into_a_timeout_says_the_link_that_reaches_its_end():
     _, f = replay(b, {6})
     assert errors(f) == [("rank_crashed", [6])], [x.message for x in f]
     assert "; rank 5's send #1 to 6 (group 0) had failed, rank 6 never having posted its side; ...)" in f[0].message, f[0].message
+
+
+def test_a_monitored_barrier_of_a_subgroup_names_the_absent_rank_by_its_global_rank():
+    """Gloo's monitored_barrier names ranks of its group: global rank 3 of group [1, 2, 3] is
+    its "Rank 2".  Read as global, rank 2, which came, was blamed and rank 3 named nowhere
+    (helper-196)."""
+    b = TraceBuilder(4)
+    t = b.warmup()
+    b.group("g", [1, 2, 3])
+    ids = {r: b.begin(r, t, "monitored_barrier", group="g") for r in (1, 2)}
+    b.end(1, ids[1], t + S, exc=MONITORED.replace("Rank 1 failed", "Rank 2 failed"))
+    b.end(2, ids[2], t + S + 2 * MS, exc=RELAY)
+    b.heartbeats(b.t0, t + 3 * S)
+    _, f = replay(b, {3}, hang_after=60.0)
+    assert errors(f) == [("op_failed", [3])], [x.message for x in f]
+    assert "rank 3 never arrived (named by the exception)" in f[0].message, f[0].message

@@ -17,7 +17,7 @@ from redis_fixture import cluster_client, redis_client
 from commscope import events as E
 from commscope.store import StoreError, open_reader, open_writer
 from commscope.store.cluster import keyslot
-from commscope.store.redis_store import Keys, LegacyKeys, delete_job, list_jobs
+from commscope.store.redis_store import Keys, LegacyKeys, RedisWriter, delete_job, list_jobs
 
 
 def ev(rank: int, i: int) -> dict:
@@ -890,3 +890,33 @@ def test_a_full_node_is_said_where_the_url_s_node_is_down():
             for s in held:
                 s.close()
     assert "max number of clients" in str(info.value) and full(info.value), info.value
+
+
+def test_writers_whose_streams_are_not_on_the_master_of_the_jobs_index_set_it_again(redis_cluster, redis_cluster_url):
+    """The set of a job's streams lives on one master.  Should it fail over before its replica
+    had the members, only writers that reconnect (those on that master) added theirs back: a
+    reader took the other ranks' streams for absent, and named them as never entering the
+    collective they waited in (helper-197).  Writers on the other masters set it again every
+    ``refresh_every`` seconds; one on its master reconnects, and sets it then."""
+    ranks = 8
+    writers = [open_writer(redis_cluster_url, "reindex", r, {"world_size": ranks} if r == 0 else None)
+               for r in range(ranks)]
+    for r, w in enumerate(writers):
+        w.write(batch(r, 1, 3))
+    home = writers[0]._nodes.node(Keys.ranks("reindex"))
+    away = [r for r, w in enumerate(writers) if w._nodes.node(w.key) != home]
+    assert away and len(away) < ranks  # (the case: streams on the index's master and on others)
+    assert [r for r, w in enumerate(writers) if w._refreshed is not None] == away
+    assert all(writers[r].refresh_every == RedisWriter.REFRESH_MIN_S for r in away)
+    c = cluster_client(redis_cluster_url)
+    c.srem(Keys.ranks("reindex"), *[Keys.member(r, 0) for r in away])  # (what a failover lost)
+    assert [r for r, _inc in open_reader(redis_cluster_url + "?job=reindex").ranks()] == \
+        [r for r in range(ranks) if r not in away]
+    for r in away:
+        writers[r].refresh_every = 0.0  # (its time come)
+        writers[r].write(batch(r, 3, 4))
+    assert [r for r, _inc in open_reader(redis_cluster_url + "?job=reindex").ranks()] == list(range(ranks))
+    delete_job(redis_cluster_url, "reindex")
+    for w in writers:
+        w.close()
+    c.close()

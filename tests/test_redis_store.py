@@ -69,6 +69,7 @@ def test_url_forms(url, expect):
     ("redis://h:notaport/0", "port"),
     ("redis://h/abc", "database"),
     ("redis://h/0?jobb=x", "unknown option"),
+    ("redis://h/0?job=d1&job=d2", "option 'job' given twice, differently"),  # (recorded d2, showed d1: helper-197)
     ("redis://h/0?job=a/b", "job name"),
     ("redis://h/0?maxlen=0", "maxlen"),
     ("redis://h/0?timeout=-1", "timeout"),

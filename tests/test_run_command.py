@@ -460,6 +460,14 @@ def test_run_refuses_a_store_url_its_ranks_could_not_open_without_showing_its_pa
     assert "percent-encode" in proc.stderr and "ab==" not in proc.stderr and "12/" not in proc.stderr
 
 
+def test_run_refuses_a_job_id_the_store_url_names_otherwise():
+    """``--store redis://...?job=abc --job xyz`` recorded as abc without a word (helper-197)."""
+    proc = commscope("run", "--store", "redis://localhost:6379/0?job=abc", "--job", "xyz", "--", sys.executable, "-c",
+                     "print(1)")
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert "--job 'xyz' and the store's ?job=abc name different jobs" in proc.stderr, proc.stderr
+
+
 def test_a_store_password_holding_a_space_is_never_printed(tmp_path):
     """``run --store 'redis://:Pw 1234-spaced@host/0'`` (a password not percent-encoded):
     the text redaction ends a URL at a space, so run's "watch it with" and "diagnose

@@ -522,3 +522,25 @@ def test_a_store_opened_after_attach_gets_the_meta_once_when_the_spool_is_forwar
     exit_ev = next(e for e in events if e["type"] == "exit")
     assert exit_ev["reason"] == "killed", exit_ev
     assert len([e for e in events if e["type"] == "op" and e["phase"] == "begin"]) >= 5  # the spool's ops too
+
+
+def test_a_tombstone_no_launcher_claimed_goes_whoever_reads_the_spools_later(tmp_path):
+    """A tombstone was removed only by a forwarder of its own job: one nobody read again
+    stayed in /dev/shm with its empty crash file (helper-193).  An hour on, any job's pass
+    removes it; a younger one stays for its launcher."""
+    store = str(tmp_path / "trace")
+    open_writer(store, "tomb", 0, {"world_size": 2}).close()
+    path, _pid = killed_spool(store)
+
+    def writer(rank: int, inc: int):
+        return open_writer(store, "tomb", rank, incarnation=inc, resume=True)
+
+    assert spool.forward_dead("tomb", store, writer) == 1
+    crash = path.with_suffix(spool.CRASH_SUFFIX)
+    crash.touch()
+    assert path.stat().st_size == spool.HEADER_SIZE
+    assert spool.dead_spools("another-job", store) == [] and path.exists()  # (young: its launcher's yet)
+    old = path.stat().st_mtime - spool.TOMBSTONE_AGE_S - 60
+    os.utime(path, (old, old))
+    assert spool.dead_spools("another-job", store) == []
+    assert not path.exists() and not crash.exists()

@@ -2182,3 +2182,49 @@ def test_an_ended_job_s_header_is_posted_again_once_its_backlog_and_rate_settle(
     assert any(m.info.ended and m.info.behind for m in posted)  # (as the header said it)
     assert posted[-1].info.ended and not posted[-1].info.behind and posted[-1].info.behind_bytes == 0
     assert posted[-1].info.rate == 0
+
+
+def test_the_view_follows_the_replay_cursor():
+    """g, G and playback set follow, but the view followed only a live clock: zoomed in, the
+    cursor went off screen and the rows read blank while playing (helper-198)."""
+    events, _ = healthy(4)
+    app = make_app(events, 0, mode=REPLAY)
+
+    def in_view() -> bool:
+        tl = app.timeline
+        return tl.t0 <= app.cursor_ns < tl.t1()
+
+    async def check(pilot):
+        await pilot.press("+", "+", "+", "+", "+")
+        tl = app.timeline
+        assert tl.t1() - tl.t0 < (app.feed.model.end_ns - app.feed.model.start_ns) // 4  # (zoomed in)
+        for key in ("g", "G", "g"):
+            await pilot.press(key)
+            assert in_view(), (key, tl.t0, tl.t1(), app.cursor_ns)
+        await pilot.press("space")
+        far = tl.t1()
+        await wait_for(pilot, lambda: app.cursor_ns > far or not app.playing)
+        assert in_view(), (tl.t0, tl.t1(), app.cursor_ns)
+
+    drive(app, check)
+
+
+def test_a_window_of_a_long_job_opens_on_what_was_read(tmp_path):
+    """`replay --since 1h` of a job of days opened on its first day at the widest zoom, every
+    row blank: the ops read are at its end (helper-198)."""
+    from commscope.bench.synthstore import JobShape, write_store
+    from commscope.window import Since
+
+    store = str(tmp_path / "trace")
+    write_store(store, JobShape(4, 8000, fault="healthy", days=3, segment_bytes=128 << 10, retain="1MiB"))
+    feed = Feed(open_source(store, since=Since(ago_s=3600)), mode=REPLAY, source=store)
+    app = CommscopeApp(feed, start_feed=False, bell=False)
+
+    async def check(pilot):
+        tl, m = app.timeline, app.feed.model
+        first = min(int(rt.begin[0]) for rt in m.ranks.values() if rt.n)
+        assert m.end_ns - m.start_ns > 86400 * S  # (the job's span: days)
+        assert tl.t0 <= first and m.end_ns < tl.t1(), (tl.t0, tl.t1(), first, m.end_ns)
+        assert tl.t1() - tl.t0 < 2 * (m.end_ns - first) + 10 * S  # (fitted to the ops read)
+
+    drive(app, check, size=(120, 40))

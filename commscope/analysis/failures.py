@@ -37,7 +37,6 @@ from commscope.analysis.errors import (
     RAISED_FROM,
     RELAYED,
     TIMEOUT,
-    classify,
     first_line,
 )
 from commscope.analysis.evidence import ABSENT, Evidence, record
@@ -384,18 +383,26 @@ def held_by_peer(model: TraceModel, m: int, t: int, came: set[int] | frozenset[i
 
 
 def _crashed_of_a_failure(model: TraceModel, m: int) -> bool:
-    """Whether rank ``m`` crashed of an exception saying a peer went, a timeout fired or
-    another rank's op failed (``errors.classify``): it went because something else did."""
-    ex = rankstate.crash(model, m)
-    return ex is not None and bool(ex.get("exc")) and classify(str(ex["exc"])).kind in (PEER_GONE, TIMEOUT, RELAYED)
+    """Whether rank ``m`` crashed after an op of its own failed saying a peer went, its timeout
+    fired or another rank's op failed (``errors.classify``): it went because something else
+    did.  Judged by its failed ops, not by its crash's words: a TimeoutError reading a file
+    outside any op is its own doing, and a rank that wrapped a closed connection in an error
+    of its own (torch's pipelining) crashed of that failure all the same (helper-200)."""
+    if rankstate.crash(model, m) is None:
+        return False
+    rt = model.ranks[m]
+    return any(model.exc_kind(m, i).kind in (PEER_GONE, TIMEOUT, RELAYED) for i in rt.exc)
 
 
 def _blame_one(model: TraceModel, r: int, i: int, now: int, arrivals: _Arrivals, hang_ns: int) -> Blame | None:
     """Blame for one primary failure (None: it only relays another rank's failure)."""
     kind = model.exc_kind(r, i)
     t = model.failed_ns(r, i)
-    if kind.kind == NAMED:
-        return Blame(kind.ranks, "named", f"{ranks_text(kind.ranks)} never arrived (named by the exception)")
+    if kind.kind == NAMED:  # (the text's ranks are its group's: global rank 3 of group [1, 2, 3] is
+        # "Rank 2"; read as global, a monitored_barrier of a subgroup blamed a rank that came, helper-196)
+        members = model.members(r, i)
+        named = tuple(members[k] if 0 <= k < len(members) else k for k in kind.ranks)
+        return Blame(named, "named", f"{ranks_text(named)} never arrived (named by the exception)")
     if kind.kind == FAULTED:
         return Blame(kind.ranks, "faulted", f"{ranks_text(kind.ranks)} passed what the op refused (named by the "
                                             "exception every rank raised)")

@@ -13,8 +13,9 @@ from commscope.analysis.flight_import import FlightRecorderReader, looks_like_fr
 from commscope.analysis.model import TraceModel
 from commscope.analysis.ranks import absent, ranges
 from commscope.errors import UsageError
-from commscope.events import gc_paused
+from commscope.events import SCHEMA_VERSION, gc_paused
 from commscope.redact import redact
+from commscope.schema import VERSION_REFUSED
 from commscope.store import ReadStats, Size, StoreError, TraceReader, backend_for, default_store, open_reader
 from commscope.units import size
 from commscope.window import Since
@@ -135,6 +136,11 @@ def load_trace(store: str | os.PathLike | None, progress: Callable[[Loading], No
             pass
     stats = reader.stats
     if not model.events:
+        versions = sum(n for why, n in stats.invalid_by_reason.items() if why.endswith(VERSION_REFUSED))
+        if not stats.corrupt and stats.invalid and versions == stats.invalid:  # (not damage: helper-198)
+            raise UsageError(f"{redact(reader.description)}: written by another version of commscope: its "
+                             f"{stats.invalid:,} event(s) are of a schema version this one does not read (it reads "
+                             f"version {SCHEMA_VERSION}); read it with the commscope that recorded it")
         if stats.corrupt or stats.invalid:
             raise UsageError(f"{redact(reader.description)}: corrupt beyond use ({stats.corrupt} damaged "
                              f"line(s), {stats.invalid} invalid event(s), no readable event)")

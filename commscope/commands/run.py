@@ -184,10 +184,12 @@ def main(args: argparse.Namespace) -> int:
         raise UsageError(f"bad --job {args.job[:130]!r}: use 1-120 letters, digits, '_', '.', '-', not starting "
                          "with '.' (a job id names a directory or key inside the store)")
     try:  # (a URL the ranks could not open: said now, its password hidden, not after the job)
-        backend_for(default_store(args.store)).pinned_job(default_store(args.store))
+        pinned = backend_for(default_store(args.store)).pinned_job(default_store(args.store))
         refuse_url_like(args.store)
     except StoreError as exc:
         raise UsageError(str(exc)) from None
+    if args.job is not None and pinned is not None and pinned != args.job:  # (the URL's won, unsaid: helper-197)
+        raise UsageError(f"--job {args.job!r} and the store's ?job={pinned} name different jobs: give one")
     _refuse_unwritable(default_store(args.store))
     row, named = backend_for(default_store(args.store)), default_store(args.store)
     why = row.refusal(row.absolute(named)) if row.refusal is not None else None

@@ -248,6 +248,7 @@ class RedisWriter:
             if not self.resume:  # (a forwarder sends a dead rank's last records: the rank was told)
                 self._heed_eviction()
                 self._heed_clients()
+                self._heed_failover()
             nodes.keep_only(self.key)
         except StoreError:
             nodes.close()
@@ -309,7 +310,7 @@ return 0
     #: (monotonic) when the job's index keys were last set again (``_refresh_index``); None:
     #: never, the Redis does not evict them
     _refreshed: float | None = None
-    refresh_every = 0.0  # (seconds: ``_heed_eviction`` sets it)
+    refresh_every = 0.0  # (seconds: ``_heed_eviction`` or ``_heed_failover`` sets it)
     #: refreshes of the index a whole job sends per second at most, and the fewest seconds
     #: between two of one rank's (``_refresh_index``)
     REFRESH_RATE = 10.0
@@ -329,9 +330,22 @@ return 0
             return
         self.warning = (f"commscope: {self._shown} {_evicts(policy)}: it may drop this trace's streams, or the "
                         "job's index, whole when full (set maxmemory-policy noeviction for a trace store)")
+        self._refresh_from_now()
+
+    def _refresh_from_now(self) -> None:
+        """Set the job's index again every ``refresh_every`` seconds from now (``_refresh_index``)."""
         self.refresh_every = max(self.REFRESH_MIN_S, self._world / self.REFRESH_RATE)
         # (ranks that open together refresh apart: the first one comes early, by rank)
         self._refreshed = time.monotonic() - self.refresh_every * (1.0 - (self.rank * 0.6180339887) % 1.0)
+
+    def _heed_failover(self) -> None:
+        """At open, on a cluster whose master of the job's set of streams is not this stream's:
+        should that master fail over before its replica had this rank's member, only writers
+        that reconnect added theirs back, and a reader took the others' streams for absent
+        (their ranks "never entered", the victims named: helper-197).  Set the index again
+        every ``refresh_every`` seconds, as on a Redis that evicts."""
+        if self._refreshed is None and self._nodes.node(Keys.ranks(self.job)) != self._nodes.node(self.key):
+            self._refresh_from_now()
 
     def _heed_clients(self) -> None:
         """At open: a Redis that cannot take the job's writers with room to spare on its
@@ -358,7 +372,8 @@ return 0
 
     def _refresh_index(self) -> None:
         """Set the job's index keys again (``_register``: its set of streams, its metadata, its
-        row in ``commscope:jobs``), every ``refresh_every`` seconds of a Redis that evicts:
+        row in ``commscope:jobs``), every ``refresh_every`` seconds of a Redis that evicts, or of a
+        cluster whose master of the set of streams is another than this stream's:
         one round trip a rank at that cadence, the job's ranks together at most
         ``REFRESH_RATE`` a second, whatever its width; never per op.  The writes keep the
         keys used (an LRU or LFU policy drops the least used first), and set them back when

@@ -258,6 +258,8 @@ def parse_url(url: str) -> RedisTarget:
                 if "@" in key or "@" in value:  # (a password cut at its '?': never quoted)
                     raise StoreError(f"bad Redis URL {shown}: {AT_AFTER_HOST}")
                 raise StoreError(f"unknown option {key!r} in {shown} (known: {', '.join(sorted(QUERY_KEYS))})")
+            if key in query and query[key] != value:  # (?job=a&job=b recorded b and showed a, helper-197)
+                raise StoreError(f"option {key!r} given twice, differently, in {shown}: give it once")
             query[key] = value
         if "password" in query:
             password = query["password"] or None

@@ -602,7 +602,10 @@ MAX_AGE_S = 3 * 86400
 
 def dead_spools(job: str, store: str, own: set[Path] = frozenset(), run: str | None = None) -> list[Path]:
     """Spools of this job and store (and run, if given) whose owner is gone, in every spool
-    directory.  Dead spools of any job older than MAX_AGE_S are removed on the way."""
+    directory.  Dead spools of any job older than MAX_AGE_S, and tombstones of any job older
+    than TOMBSTONE_AGE_S (a header only, left for a launcher that by then has said what it
+    saw), are removed on the way: a tombstone was removed only by a forwarder of its own job,
+    and one nobody read again stayed, its empty crash file beside it (helper-193)."""
     sid = store_id(store)
     out = []
     for d in spool_dirs():
@@ -612,7 +615,8 @@ def dead_spools(job: str, store: str, own: set[Path] = frozenset(), run: str | N
             img_ident = _identity(p)
             mine = (img_ident.get("job") == job and img_ident.get("store_id") == sid
                     and (run is None or img_ident.get("run") == run))
-            old = _age(p) > MAX_AGE_S
+            age = _age(p)
+            old = age > MAX_AGE_S or age > TOMBSTONE_AGE_S and _size(p) == HEADER_SIZE
             if not mine and not old:
                 continue
             with _claimed(p) as fd:
@@ -760,6 +764,13 @@ def _says_its_end(img: Image, lines: list[bytes]) -> bool:
 def _is_exit(line: bytes) -> bool:
     """An encoded ``exit`` event (as this module's and the recorder's lines spell it)."""
     return b'"type":"exit"' in line
+
+
+def _size(path: Path) -> int:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return -1
 
 
 def _age(path: Path) -> float:

@@ -413,7 +413,7 @@ class Timeline(ScrollView, can_focus=True):
         self.now_ns = now_ns
         self.rebuild_rows()
         self.ensure_placed()
-        if self._placed and self.follow and self.cursor_ns is None:
+        if self._placed and self.follow:  # (now, or the replay cursor: g, G, playback, helper-198)
             self._follow_now()
         self.refresh()
 
@@ -445,15 +445,25 @@ class Timeline(ScrollView, can_focus=True):
         if not self.model.end_ns or self.size.width <= GUTTER + 8:
             return False
         self._place_initial()
-        if self.follow and self.cursor_ns is None:
+        if self.follow:
             self._follow_now()
         return True
 
     def _place_initial(self) -> None:
         start, end = self.own_span()  # (the job's: a foreign stream's may be a day off)
-        span = max(end - start, 10**9)
-        self.npc = _clamp(span // max(1, int(self.timeline_width() * 0.8)))
-        self.t0 = start - self.npc * 2
+        width = max(1, int(self.timeline_width() * 0.8))
+        # (what was read, where it is the last part of the span: a window's ops may begin days
+        # after the job did; a week-long job read --since its last 30 min opened on its first
+        # day, every row blank, helper-198)
+        first = min((int(rv.begin[0]) for rv in self.model.ranks.values() if rv.n), default=start)
+        if first - start > (end - start) // 2:
+            start = first
+        want = max(end - start, 10**9) // width
+        self.npc = _clamp(want)
+        if self.npc < want:  # (longer still: its end, where the trouble is)
+            self.t0 = end - int(self.timeline_width() * 0.9) * self.npc
+        else:
+            self.t0 = start - self.npc * 2
         self._placed = True
         self._cache.clear()
         self.post_message(self.ViewChanged())
@@ -462,6 +472,8 @@ class Timeline(ScrollView, can_focus=True):
         edge = self.now_ns if self.cursor_ns is None else self.cursor_ns
         if not edge:  # no clock reading yet (a resize before the first update): keep the fit
             return
+        if self.cursor_ns is not None and self.t0 <= edge < self.t1():
+            return  # (a replay's cursor on screen: the view stays; off it, it follows, helper-198)
         t0 = follow(self.t0, self.npc, self.timeline_width(), edge)
         if t0 != self.t0:
             self.t0 = t0
