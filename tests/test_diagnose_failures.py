@@ -1985,3 +1985,22 @@ def test_a_monitored_barrier_of_a_subgroup_names_the_absent_rank_by_its_global_r
     _, f = replay(b, {3}, hang_after=60.0)
     assert errors(f) == [("op_failed", [3])], [x.message for x in f]
     assert "rank 3 never arrived (named by the exception)" in f[0].message, f[0].message
+
+
+def test_a_monitored_barrier_of_a_group_whose_members_are_not_known_blames_nobody_by_global_rank():
+    """Without the group's statement of its members (a window read, a lost record), the
+    ranks seen in it are no order to read the text's group ranks by: rank 3, which came, was
+    blamed for the group's "Rank 1" (helper-201)."""
+    b = TraceBuilder(4)
+    t = b.warmup()
+    b.group("g", [0, 2, 3])
+    ids = {r: b.begin(r, t, "monitored_barrier", group="g") for r in (0, 3)}
+    b.end(0, ids[0], t + S, exc=MONITORED)
+    b.end(3, ids[3], t + S + 2 * MS, exc=RELAY)
+    b.heartbeats(b.t0, t + 3 * S)
+    events = [e for e in b.events if e["type"] != "group" or e["group"] != "g"]  # (its statement not read)
+    b.events[:] = events
+    _, f = replay(b, {2}, hang_after=60.0)
+    assert not [x for x in f if x.severity == "error" and {0, 3} & set(x.culprits)], [x.message for x in f]
+    (x,) = [x for x in f if x.kind == "op_failed"]
+    assert "rank 1 of group g, in its own numbering, never arrived" in x.message, x.message

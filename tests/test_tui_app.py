@@ -2212,19 +2212,41 @@ def test_the_view_follows_the_replay_cursor():
 def test_a_window_of_a_long_job_opens_on_what_was_read(tmp_path):
     """`replay --since 1h` of a job of days opened on its first day at the widest zoom, every
     row blank: the ops read are at its end (helper-198)."""
+    from commscope.analysis.source import load_trace
     from commscope.bench.synthstore import JobShape, write_store
     from commscope.window import Since
 
     store = str(tmp_path / "trace")
     write_store(store, JobShape(4, 8000, fault="healthy", days=3, segment_bytes=128 << 10, retain="1MiB"))
-    feed = Feed(open_source(store, since=Since(ago_s=3600)), mode=REPLAY, source=store)
+    end = load_trace(store)[0].end_ns  # (the window by the trace's clock: its files' times are today's)
+    feed = Feed(open_source(store, since=Since(at_ns=end - 3600 * S)), mode=REPLAY, source=store)
     app = CommscopeApp(feed, start_feed=False, bell=False)
 
     async def check(pilot):
         tl, m = app.timeline, app.feed.model
-        first = min(int(rt.begin[0]) for rt in m.ranks.values() if rt.n)
-        assert m.end_ns - m.start_ns > 86400 * S  # (the job's span: days)
-        assert tl.t0 <= first and m.end_ns < tl.t1(), (tl.t0, tl.t1(), first, m.end_ns)
-        assert tl.t1() - tl.t0 < 2 * (m.end_ns - first) + 10 * S  # (fitted to the ops read)
+        window = app.feed.reader.window_start_ns()
+        assert m.end_ns - m.start_ns > 86400 * S and window is not None  # (the job's span: days)
+        assert tl.t0 <= window and m.end_ns < tl.t1(), (tl.t0, tl.t1(), window, m.end_ns)
+        assert tl.t1() - tl.t0 < 2 * (m.end_ns - window) + 10 * S  # (fitted to the window read)
 
     drive(app, check, size=(120, 40))
+
+
+def test_a_whole_trace_whose_ops_began_late_opens_on_all_of_it():
+    """A rank that crashed during a 20-minute load, before any op, the others' ops only after
+    it: the view opens on the whole trace, the crash in it (fitting to the ops read, for a
+    window's sake, put it off screen: helper-201)."""
+    b = TraceBuilder(4)
+    crash = b.t0 + 60 * S
+    b.exit(3, crash, reason="exception", exc="RuntimeError: checkpoint shard 3 is corrupt")
+    t = b.t0 + 1200 * S
+    for _ in range(3):
+        t = b.collective(t, "all_reduce", ranks=[0, 1, 2]) + MS
+    b.heartbeats(b.t0, t, ranks=[0, 1, 2])
+    app = make_app(b.sorted_events(), 0, mode=REPLAY)
+
+    async def check(pilot):
+        tl = app.timeline
+        assert tl.t0 <= crash < tl.t1(), (tl.t0 - b.t0, tl.t1() - b.t0)
+
+    drive(app, check)

@@ -400,8 +400,13 @@ def _blame_one(model: TraceModel, r: int, i: int, now: int, arrivals: _Arrivals,
     t = model.failed_ns(r, i)
     if kind.kind == NAMED:  # (the text's ranks are its group's: global rank 3 of group [1, 2, 3] is
         # "Rank 2"; read as global, a monitored_barrier of a subgroup blamed a rank that came, helper-196)
-        members = model.members(r, i)
-        named = tuple(members[k] if 0 <= k < len(members) else k for k in kind.ranks)
+        group = model.sig_of(r, i).group
+        members = model.groups.get(group)  # (as its group stated them: the ranks seen in it are no order)
+        if members is None or any(not 0 <= k < len(members) for k in kind.ranks):
+            return Blame((), "unknown", f"{ranks_text(kind.ranks)} of group {group}, in its own numbering, never "
+                                        "arrived (named by the exception; which ranks those are, the group's "
+                                        "members, this trace does not hold)")
+        named = tuple(members[k] for k in kind.ranks)
         return Blame(named, "named", f"{ranks_text(named)} never arrived (named by the exception)")
     if kind.kind == FAULTED:
         return Blame(kind.ranks, "faulted", f"{ranks_text(kind.ranks)} passed what the op refused (named by the "

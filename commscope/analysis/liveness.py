@@ -123,8 +123,8 @@ def find_dead(model: TraceModel, now: int, failures: list | None = None) -> list
                    f"connection to it closed, and nothing came from it since; it crashed or was killed")
         else:
             msg = (f"rank {r} stopped sending heartbeats {secs(now - seen):.1f} s ago without a clean exit "
-                   f"({what}); it crashed, was killed, is stopped (SIGSTOP, a debugger: helper-196), or cannot "
-                   "run Python (native code holding the GIL)")
+                   f"({what}); it crashed, was killed, is stopped (SIGSTOP, a debugger), or cannot run Python "
+                   "(native code holding the GIL)")  # (a stopped one was not said, helper-196)
         ev = Dead(how=how, last_seen_ns=seen, silent_s=secs(now - seen),
                   threshold_s=secs(rankstate.dead_after_ns(model, r) if how == "silent" else rankstate.vanish_after_ns(model, r)),
                   sample_interval_s=model.sample_interval(r), activity=act)

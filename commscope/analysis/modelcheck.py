@@ -58,8 +58,9 @@ def claim(text: str) -> str | None:
 
 
 def find_model_mismatches(model: TraceModel) -> list[Finding]:
-    """One ``collective_mismatch`` per broadcast of DDP's check that ranks crashed after,
-    saying their models differ from their group's rank 0's (module docstring)."""
+    """One ``collective_mismatch`` per op of DDP's check (its broadcast of rank 0's sizes, its
+    all_gather of the counts) that ranks crashed after, saying their models differ (module
+    docstring)."""
     if not model.exits_seen:
         return []
     checks: dict[tuple[int, str, int], dict[int, tuple[str, str]]] = {}  # instance -> rank -> claim, text

@@ -137,10 +137,12 @@ def load_trace(store: str | os.PathLike | None, progress: Callable[[Loading], No
     stats = reader.stats
     if not model.events:
         versions = sum(n for why, n in stats.invalid_by_reason.items() if why.endswith(VERSION_REFUSED))
-        if not stats.corrupt and stats.invalid and versions == stats.invalid:  # (not damage: helper-198)
-            raise UsageError(f"{redact(reader.description)}: written by another version of commscope: its "
-                             f"{stats.invalid:,} event(s) are of a schema version this one does not read (it reads "
-                             f"version {SCHEMA_VERSION}); read it with the commscope that recorded it")
+        if not stats.corrupt and versions and 2 * versions >= stats.invalid:  # (not damage: helper-198; most
+            # of them, as a newer one's new kinds of event read as unknown, helper-201)
+            raise UsageError(f"{redact(reader.description)}: written by another version of commscope: "
+                             f"{versions:,} of its {stats.invalid:,} event(s) are of a schema version this one does "
+                             f"not read (it reads version {SCHEMA_VERSION}); read it with the commscope that "
+                             "recorded it")
         if stats.corrupt or stats.invalid:
             raise UsageError(f"{redact(reader.description)}: corrupt beyond use ({stats.corrupt} damaged "
                              f"line(s), {stats.invalid} invalid event(s), no readable event)")

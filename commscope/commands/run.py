@@ -26,6 +26,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from commscope.commands import options
 from commscope.errors import UsageError
@@ -44,6 +45,9 @@ from commscope.store.base import is_job_name
 from commscope.store.directory import ENV_SHARE
 from commscope.store.segments import segment_bytes_from_env
 from commscope.units import size
+
+if TYPE_CHECKING:
+    import psutil
 
 BOOTSTRAP_DIR = Path(__file__).resolve().parent.parent / "record" / "bootstrap"
 #: Seconds a stop request (Ctrl-C, SIGTERM) is left to the command before its ranks get SIGTERM.
@@ -338,7 +342,6 @@ class _Stop:
     def terminate(self) -> None:
         """SIGTERM to every process below the command, then to the command: the ranks under a
         launcher, or the command itself when it is the rank (with its helper processes)."""
-        import psutil
 
         self.terminated = True
         # (looked up before any is signalled; not once the command is reaped: its pid may be another's;
@@ -346,10 +349,7 @@ class _Stop:
         adopted = self._adopted()
         family = [*self._family(), *adopted] if self.proc.returncode is None else adopted
         for p in [*(p for p in self.family if p not in family), *family]:
-            try:
-                p.terminate()
-            except psutil.Error:
-                pass
+            _end(p)
 
     def wait(self) -> int:
         while True:
@@ -406,12 +406,20 @@ class _Stop:
         print(f"commscope: {len(alive)} process(es) of the job still running after it exited: sending them "
               "SIGTERM", file=sys.stderr)
         for p in alive:
-            try:
-                p.terminate()
-            except psutil.Error:
-                pass
+            _end(p)
         with contextlib.suppress(psutil.Error):
             psutil.wait_procs(alive, timeout=STOP_GRACE_S)
+
+
+def _end(p: psutil.Process) -> None:
+    """SIGTERM to a process of the job (a ``psutil.Process``), then SIGCONT: a stopped one
+    (SIGSTOP, a debugger) holds the SIGTERM until continued, and was left running after run
+    exited (helper-196)."""
+    import psutil
+
+    for act in (p.terminate, p.resume):
+        with contextlib.suppress(psutil.Error):
+            act()
 
 
 def _jobs(store: str) -> set[str] | None:

@@ -452,12 +452,12 @@ class Timeline(ScrollView, can_focus=True):
     def _place_initial(self) -> None:
         start, end = self.own_span()  # (the job's: a foreign stream's may be a day off)
         width = max(1, int(self.timeline_width() * 0.8))
-        # (what was read, where it is the last part of the span: a window's ops may begin days
-        # after the job did; a week-long job read --since its last 30 min opened on its first
-        # day, every row blank, helper-198)
-        first = min((int(rv.begin[0]) for rv in self.model.ranks.values() if rv.n), default=start)
-        if first - start > (end - start) // 2:
-            start = first
+        # (a window read: from where it starts; a week-long job read --since its last 30 min
+        # opened on its first day, every row blank, helper-198.  Not a whole trace whose ops
+        # began late: a crash during a long init was then off screen, helper-201)
+        window = self.feed.reader.window_start_ns()
+        if window is not None and start < window < end:  # (one past the trace's end holds nothing of it)
+            start = window
         want = max(end - start, 10**9) // width
         self.npc = _clamp(want)
         if self.npc < want:  # (longer still: its end, where the trouble is)
