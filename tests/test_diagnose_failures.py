@@ -1865,23 +1865,29 @@ def test_a_straggler_says_how_long_its_collectives_take_in_the_unit_that_reads(l
     assert f[0].evidence["median_latency_s"] == latency_us / 1e6
 
 
+def _chain_into_an_all_reduce(links: list[tuple[int, str, int]]) -> TraceBuilder:
+    """Ranks 0..n-1 each blocked in a send or recv (``links``: rank, "send"/"recv", peer), the
+    last rank in the all_reduce; each op times out in rank order, and each rank crashes on it."""
+    last = len(links)
+    b = TraceBuilder(last + 1)
+    t = b.warmup()
+    ids = {r: b.begin(r, t, d, peer=p, dir=d) for r, d, p in links}
+    ids[last] = b.begin(last, t, "all_reduce")
+    fired = t + 5 * S
+    for r, d, _p in links:
+        b.end(r, ids[r], fired + r * MS, exc=TIMED_OUT.replace("recv", "send") if d == "send" else TIMED_OUT)
+    b.end(last, ids[last], fired + last * MS, exc=TIMED_OUT)
+    for r in range(last + 1):
+        b.exit(r, fired + (10 + r) * MS, reason="exception", exc=TIMED_OUT)
+    b.heartbeats(b.t0, fired)
+    return b
+
+
 def test_a_timeout_says_each_rank_of_a_chain_held_by_its_own_peer():
     """Rank 0 sends to 1, which receives from 2, which waits in the all_reduce until it times
     out: "ranks 0, 1 ... each held in a send or recv that rank 2 had not posted" said rank 0
     waited on rank 2 (it waited on rank 1; helper-191)."""
-    b = TraceBuilder(3)
-    t = b.warmup()
-    s0 = b.begin(0, t, "send", peer=1, dir="send")
-    r1 = b.begin(1, t, "recv", peer=2, dir="recv")
-    a2 = b.begin(2, t, "all_reduce")
-    fired = t + 5 * S
-    b.end(0, s0, fired, exc=TIMED_OUT.replace("recv", "send"))
-    b.end(1, r1, fired + MS, exc=TIMED_OUT)
-    b.end(2, a2, fired + 2 * MS, exc=TIMED_OUT)
-    for r in range(3):
-        b.exit(r, fired + (10 + r) * MS, reason="exception", exc=TIMED_OUT)
-    b.heartbeats(b.t0, fired)
-    _, f = replay(b, {2})
+    _, f = replay(_chain_into_an_all_reduce([(0, "send", 1), (1, "recv", 2)]), {2})
     assert errors(f) == [("rank_crashed", [2])], [x.message for x in f]
     said = f[0].message
     assert "that rank 2 had not posted" not in said, said
@@ -1955,18 +1961,7 @@ def test_ranks_raising_at_ddps_count_of_params_name_the_odd_model(world, odd, na
 def test_a_long_chain_into_a_timeout_says_the_link_that_reaches_its_end():
     """Ranks 0-5 each send to the next, rank 5 to rank 6, in the all_reduce that times out:
     past four links the text cut the one that reaches rank 6 (helper-199)."""
-    b = TraceBuilder(7)
-    t = b.warmup()
-    sends = {r: b.begin(r, t, "send", peer=r + 1, dir="send") for r in range(6)}
-    a6 = b.begin(6, t, "all_reduce")
-    fired = t + 5 * S
-    for r in range(6):
-        b.end(r, sends[r], fired + r * MS, exc=TIMED_OUT.replace("recv", "send"))
-    b.end(6, a6, fired + 6 * MS, exc=TIMED_OUT)
-    for r in range(7):
-        b.exit(r, fired + (10 + r) * MS, reason="exception", exc=TIMED_OUT)
-    b.heartbeats(b.t0, fired)
-    _, f = replay(b, {6})
+    _, f = replay(_chain_into_an_all_reduce([(r, "send", r + 1) for r in range(6)]), {6})
     assert errors(f) == [("rank_crashed", [6])], [x.message for x in f]
     assert "; rank 5's send #1 to 6 (group 0) had failed, rank 6 never having posted its side; ...)" in f[0].message, f[0].message
 

@@ -56,7 +56,9 @@ def killed_spool(store: str, child: str = CHILD) -> tuple[Path, int]:
     return path, int(path.name.split("-")[0])
 
 
-def test_a_silent_death_leaves_a_tombstone_for_its_launcher(tmp_path):
+def _forwarded_silent_death(tmp_path):
+    """Rank 1 of job "tomb" SIGKILLed, its spool forwarded by a sibling: (store, spool path,
+    pid, the sibling's writer)."""
     store = str(tmp_path / "trace")
     open_writer(store, "tomb", 0, {"world_size": 2}).close()
     path, pid = killed_spool(store)
@@ -67,6 +69,11 @@ def test_a_silent_death_leaves_a_tombstone_for_its_launcher(tmp_path):
     # A sibling or a reader forwards what it holds but cannot say how the rank died: it ended
     # without a word (as under torchrun, where no commscope launcher sees the exit status).
     assert spool.forward_dead("tomb", store, writer) == 1
+    return store, path, pid, writer
+
+
+def test_a_silent_death_leaves_a_tombstone_for_its_launcher(tmp_path):
+    store, path, pid, writer = _forwarded_silent_death(tmp_path)
     assert path.exists() and path.stat().st_size == spool.HEADER_SIZE  # the ring's memory is given back
     assert spool.read(path).flags & spool.FORWARDED
     assert spool.forward_dead("tomb", store, writer) == 0  # nothing more to forward: left for the launcher
@@ -528,14 +535,7 @@ def test_a_tombstone_no_launcher_claimed_goes_whoever_reads_the_spools_later(tmp
     """A tombstone was removed only by a forwarder of its own job: one nobody read again
     stayed in /dev/shm with its empty crash file (helper-193).  An hour on, any job's pass
     removes it; a younger one stays for its launcher."""
-    store = str(tmp_path / "trace")
-    open_writer(store, "tomb", 0, {"world_size": 2}).close()
-    path, _pid = killed_spool(store)
-
-    def writer(rank: int, inc: int):
-        return open_writer(store, "tomb", rank, incarnation=inc, resume=True)
-
-    assert spool.forward_dead("tomb", store, writer) == 1
+    store, path, _pid, _writer = _forwarded_silent_death(tmp_path)
     crash = path.with_suffix(spool.CRASH_SUFFIX)
     crash.touch()
     assert path.stat().st_size == spool.HEADER_SIZE

@@ -342,7 +342,6 @@ class _Stop:
     def terminate(self) -> None:
         """SIGTERM to every process below the command, then to the command: the ranks under a
         launcher, or the command itself when it is the rank (with its helper processes)."""
-
         self.terminated = True
         # (looked up before any is signalled; not once the command is reaped: its pid may be another's;
         # and what this process adopted, the command's orphans, beside it: helper-170)
