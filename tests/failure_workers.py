@@ -399,6 +399,26 @@ def send_into_a_barrier_another_group_waits_on(rank: int, ws: int, store: str, r
         dist.all_reduce(torch.ones(8), group=d)
 
 
+def two_groups_in_different_orders(rank: int, ws: int, store: str, release: str) -> None:
+    """Ranks 0 and 1 call the all_reduces of groups A and B (both {0, 1}) in different
+    orders, each waiting in one for the other; rank 2 waits in the world's barrier, which
+    neither reaches.  Hangs until killed."""
+    import torch
+    import torch.distributed as dist
+
+    start(store, 5.0)  # (a first barrier's skew under load is no hang)
+    a = dist.new_group([0, 1])
+    b = dist.new_group([0, 1])
+    dist.barrier()
+    flush()
+    own_count(release, rank, 2)
+    if rank < 2:
+        dist.all_reduce(torch.ones(8), group=a if rank == 0 else b)
+        dist.all_reduce(torch.ones(8), group=b if rank == 0 else a)
+    else:
+        dist.barrier()
+
+
 def chain_into_a_deadlock_beside_an_idle_rank(rank: int, ws: int, store: str, release: str) -> None:
     """Ranks 1 and 2 send to each other (a p2p deadlock); rank 3 sends to 2 (a chain into
     it); rank 0 waits in the world's barrier, which none of them reaches; rank 4, idle,

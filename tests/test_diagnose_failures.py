@@ -1491,7 +1491,9 @@ def test_a_collective_called_on_the_wrong_group_names_its_rank_not_the_one_it_wa
     waits there for rank 1, which waits in the world's for 0.  One error, on rank 0 (the
     hang more ranks wait in), the other hang its consequence; before, rank 1 was named too,
     in a second error, for doing what the majority did (helper-176).  With two ranks, one
-    waiting in each, neither is the odd one out: both hangs stand."""
+    waiting in each, neither is the odd one out: they called the two groups' collectives in
+    different orders, a wait cycle, one error naming both (``wait_cycle``), the other hang
+    its consequence; before, two errors, each naming the other's victim (helper-196)."""
     b = TraceBuilder(world)
     b.group("pair", [0, 1])
     t = b.warmup()
@@ -1505,7 +1507,37 @@ def test_a_collective_called_on_the_wrong_group_names_its_rank_not_the_one_it_wa
         assert [(c["kind"], c["group"], c["culprits"]) for c in f[0].evidence["consequences"]] == [
             ("missing_ranks", "pair", [1])]
     else:
-        assert sorted(errors(f)) == [("missing_ranks", [0]), ("missing_ranks", [1])]
+        assert errors(f) == [("missing_ranks", [0, 1])], [x.to_json()["message"] for x in f]
+        assert f[0].evidence["wait_cycle"] == ["0", "pair"] and not f[0].victims
+        assert f[0].message.startswith("ranks 0, 1 called the collectives of groups 0, pair in different orders: "
+                                       "each waits in one for another (a wait cycle); first: ")
+        assert [(c["kind"], c["culprits"]) for c in f[0].evidence["consequences"]] == [("missing_ranks", [0])]
+
+
+@pytest.mark.parametrize("ended", [False, True])
+def test_two_ranks_calling_two_groups_collectives_in_different_orders_are_one_error_holding_the_rest(ended):
+    """Ranks 0 and 1 call the all_reduces of groups A and B, both {0, 1}, in different
+    orders; rank 2 waits in the world's barrier, which times out on them, and crashes of it.
+    Three errors (each group's hang naming the other's victim, and the barrier's failure):
+    one root cause.  One missing_ranks naming ranks 0 and 1, a wait cycle, the other hang,
+    the barrier's failure and rank 2's crash its consequences (helper-196, a real Gloo job);
+    and so before the barrier's timeout ends its wait."""
+    b = TraceBuilder(3)
+    b.group("A", [0, 1])
+    b.group("B", [0, 1])
+    t = b.warmup()
+    b.begin(0, t, "all_reduce", group="A")
+    b.begin(1, t + MS, "all_reduce", group="B")
+    bar = b.begin(2, t + 2 * MS, "barrier")
+    b.heartbeats(b.t0, t + 12 * S)
+    if ended:
+        b.end(2, bar, t + 10 * S, exc=TIMED_OUT)
+        b.exit(2, t + 10 * S + 5 * MS, reason="exception", exc=TIMED_OUT)
+    _, f = replay(b, {0, 1}, hang_after=3.0)
+    assert errors(f) == [("missing_ranks", [0, 1])], [x.to_json()["message"] for x in f]
+    assert f[0].evidence["wait_cycle"] == ["A", "B"] and set(f[0].victims) == {2}
+    assert [c["kind"] for c in f[0].evidence["consequences"]] == (
+        ["missing_ranks", "op_failed", "rank_crashed"] if ended else ["missing_ranks", "missing_ranks"])
 
 
 @pytest.mark.parametrize("timed_out", [False, True])

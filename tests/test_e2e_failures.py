@@ -509,6 +509,30 @@ def test_a_wait_cycle_through_a_barrier_another_group_waits_on_is_one_finding(tm
     assert_nothing_lost(store, out, str(tmp_path / "release"))
 
 
+def test_two_ranks_calling_two_groups_collectives_in_different_orders_are_one_error(tmp_path, capsys):
+    """Ranks 0 and 1 call the all_reduces of groups A and B in different orders; rank 2
+    waits in the world's barrier.  One error naming both, a wait cycle, the other group's
+    hang and the barrier's its consequences, live and on the killed job's trace (helper-196:
+    three errors, each group's hang naming the other's victim)."""
+    def whole(f):
+        return len(f.evidence.get("consequences", [])) == 2
+
+    def cycle(findings):
+        errors = [f for f in findings if f.severity == "error"]
+        return errors[0] if len(errors) == 1 and errors[0].culprits == [0, 1] and whole(errors[0]) else None
+
+    live, _, store = run_job(tmp_path, W.two_groups_in_different_orders, pg_timeout=60, hang_after=5.0,
+                             culprit=0, also=(1,), kill=True, want=cycle)
+    assert live.kind == "missing_ranks" and set(live.victims) == {2} and len(live.evidence["wait_cycle"]) == 2
+    out = finished(store, capsys)
+    assert errors_of(out) == [("missing_ranks", [0, 1])]
+    (hang,) = out["findings"]
+    other, barrier = sorted((c["op"], c["kind"], c["culprits"]) for c in hang["evidence"]["consequences"])
+    assert other == ("all_reduce", "missing_ranks", hang["evidence"]["entered"])  # (the rank the first waits in)
+    assert barrier == ("barrier", "missing_ranks", [0, 1])
+    assert_nothing_lost(store, out, str(tmp_path / "release"))
+
+
 def test_a_hang_on_a_deadlock_and_an_idle_rank_names_each_cause_once(tmp_path, capsys):
     """Ranks 1 and 2 send to each other, rank 3 to 2; rank 0 waits in the barrier, which
     idle rank 4 never reaches either.  Two causes, each named once: the p2p_deadlock (1,

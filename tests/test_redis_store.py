@@ -13,6 +13,7 @@ import signal
 import threading
 import time
 
+import orjson
 import pytest
 import redis
 from redis_fixture import *  # noqa: F403  (the redis_server and redis_url fixtures)
@@ -1217,6 +1218,68 @@ def test_a_console_while_redis_restarted_empty_and_before_the_writers_return_is_
         assert feed.reader.stats.missing_by_rank == {}  # (the console had read all that was lost)
         assert sum("Redis holds less of its stream than was read" in m for m in feed.reader.stats.warnings) == 2
         ws[0].close()
+
+
+def test_ranks_gone_silent_while_redis_refused_their_writes_are_not_healthy(tmp_path, capsys):
+    """A Redis at its maxmemory refuses the ranks' appends, their exits among them: a check
+    from another host (no spools to read) read the 14% of ops that landed as a healthy job,
+    exit 0, a warning its only word (helper-197).  A rank whose writer said no end, on a node
+    that refuses writes for lack of memory or refused some since it started, and silent past
+    its threshold without an exit, lost what never came: how much is not known
+    (``lost_unknown`` ``full``: an error).  A rank whose writer closed (its end said) lost
+    nothing; a console says it alike, and a copy; where the store refused nothing (or forgot it, its
+    stats reset), the job reads as stopped as a whole (a warning), as before."""
+    from commscope import cli
+    from commscope.tui.feed import LIVE, Feed
+
+    def said(findings: list[tuple]) -> list[tuple]:
+        """(kind, severity, the ranks said lost and why) of each finding."""
+        return [(kind, severity, {r: d["lost_unknown"] for r, d in per_rank.items() if "lost_unknown" in d})
+                for kind, severity, per_rank in findings]
+
+    def judged(url: str) -> list[tuple]:
+        assert cli.main(["check", "--json", url]) in (0, 1)
+        out = orjson.loads(capsys.readouterr().out)
+        return said([(f["kind"], f["severity"], f["evidence"].get("per_rank")) for f in out["findings"]])
+
+    with RedisServer(data_dir=tmp_path / "r") as server:
+        url = server.start().url
+        ws = [open_writer(url, "full", r, {"world_size": 3}) for r in range(3)]
+        for r in range(3):
+            ws[r].write([E.encode({"v": 1, "type": "meta", "rank": r, "ts": 1000, "world_size": 3, "backend": "gloo",
+                                   "host": "h", "pid": 1 + r})] + [
+                E.encode(e) for i in range(1, 11) for e in (
+                    dict(ev(r, i, op="all_reduce", group="0", seq=i), ts=1000 + 2 * i),
+                    {"v": 1, "type": "op", "rank": r, "ts": 1001 + 2 * i, "phase": "end", "id": i})] + [
+                E.encode({"v": 1, "type": "heartbeat", "rank": r, "ts": 1030})])  # (a recorder wrote: judged silent)
+        ws[2].close()  # (its end said: whatever came after, it wrote none)
+        stopped = [("trace_incomplete", "warning", {})]  # (no rank wrote an exit: stopped as a whole)
+        assert judged(url + "?job=full") == stopped  # the store refused nothing
+        c = redis_client(url)
+        c.config_set("maxmemory", 1)  # (under what it holds: every write refused)
+        with pytest.raises(StoreError, match="OOM command not allowed"):
+            ws[0].write(lines(0, 11, 12))
+        full = [("trace_incomplete", "error", {"0": "full", "1": "full"})]
+        assert judged(url + "?job=full") == full
+        feed = Feed(open_reader(url + "?job=full"), mode=LIVE, hang_after=60.0)
+        deadline = time.monotonic() + 60
+        while feed.model.events < 3 * 22:
+            feed.step()
+            assert time.monotonic() < deadline
+        feed._diagnosed_at = float("-inf")  # (judged at the next step, whatever the pace)
+        feed.step()
+        assert said([(f.kind, f.severity, f.evidence.to_json().get("per_rank")) for f in feed.findings]) == full
+        feed.close()
+        assert cli.main(["copy", url + "?job=full", str(tmp_path / "copy"), "--job", "c", "-q"]) == 0
+        capsys.readouterr()
+        assert cli.main(["check", "--json", str(tmp_path / "copy" / "c")]) == 1  # (a copy holds it: not healthy)
+        (copied,) = orjson.loads(capsys.readouterr().out)["findings"]
+        assert (copied["kind"], copied["severity"], copied["culprits"]) == ("trace_incomplete", "error", [0, 1, 2])
+        assert {r: d.get("missing") for r, d in copied["evidence"]["per_rank"].items()} == {"0": 1, "1": 1, "2": None}
+        c.config_set("maxmemory", 0)
+        c.config_resetstat()  # (a node that never refused: nothing said lost)
+        assert judged(url + "?job=full") == stopped
+        c.close()
 
 
 def test_a_poll_reads_about_its_budget_however_many_streams_are_behind(redis_url):

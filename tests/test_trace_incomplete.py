@@ -39,19 +39,25 @@ def test_a_complete_trace_has_no_such_finding():
     assert incomplete(finished()) is None
 
 
-def test_drops_are_counted_and_ring_overwrites_are_not():
+def test_drops_are_counted_with_their_cause_and_ring_overwrites_are_not():
+    """A lost event is counted and shown with its cause: the count alone said none (helper-197)."""
     b = finished()
     t = b.t0 + S
     b.add(1, t, "dropped", count=40, total=40, reason="queue full (backpressure)")
-    b.add(1, t + 1, "dropped", count=2, total=42, reason="queue full (backpressure)")
+    b.add(1, t + 1, "dropped", count=2, total=42, reason="cannot append: Redis said: OOM")
+    b.add(1, t + 2, "dropped", count=0, total=42, reason="a report that counted nothing new")
+    b.add(2, t, "dropped", count=3, total=3, reason="queue full (backpressure)")
     for r in range(3):
         b.add(r, t, "dropped", count=13_000, total=13_000,
               reason="Flight Recorder ring overwritten between polls (C++-issued collectives missing)")
     f = incomplete(b)
-    assert f is not None and f.severity == "error" and f.culprits == [1]
-    assert f.evidence["lost_events"] == 42 and f.evidence["per_rank"] == {"1": {"dropped": 42}}
+    assert f is not None and f.severity == "error" and f.culprits == [1, 2]
+    assert f.evidence["lost_events"] == 45 and f.evidence["per_rank"] == {
+        "1": {"dropped": 42, "dropped_why": "cannot append: Redis said: OOM"},
+        "2": {"dropped": 3, "dropped_why": "queue full (backpressure)"}}
     assert f.evidence["fr_ring_overwritten"] == {"0": 13_000, "1": 13_000, "2": 13_000}
-    assert "42 event(s) dropped by the recorder (rank 1: 42)" in f.message
+    assert "45 event(s) dropped by the recorder (rank 1: 42, rank 2: 3), why: rank(s) 1: cannot append: Redis " \
+        "said: OOM; rank(s) 2: queue full (backpressure)" in f.message
 
 
 def test_only_ring_overwrites_is_a_healthy_trace():

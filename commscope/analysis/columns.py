@@ -607,6 +607,7 @@ class RankTrace:
     meta: dict | None = None
     last_stack: dict | None = None
     dropped = 0  # events the recorder lost (backpressure, store failures)
+    drop_reason: str | None = None  # why, as the latest report of drops said it
     fr_overwritten = 0  # Flight Recorder entries overwritten before a poll: not losses
     _order: np.ndarray | None = None
     _order_n = 0

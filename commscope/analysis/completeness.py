@@ -40,7 +40,8 @@ from commscope.analysis.ranks import ranges
 from commscope.analysis.rankstate import snapshot
 
 #: a loss not counted yet (the writer says it when it writes again) -> the cause a
-#: ``lost_unknown`` names where the rank is gone: what the store did to its stream
+#: ``lost_unknown`` names where the rank is gone: what the store did to its stream (a third
+#: cause, ``full``, is of a stream ``refused``: its writes were refused, nothing to wait on)
 _GONE_THEN = {"unsettled": "failover", "emptied": "restart"}
 
 _LOSS_WORDS = {"dropped": "event(s) dropped by the recorder", "damaged": "damaged line(s) skipped",
@@ -110,11 +111,25 @@ def unseen(model: TraceModel) -> list[int]:
     return sorted(rankstate.elsewhere(model)[1])
 
 
-def find_incomplete(model: TraceModel, now: int, stopped: bool = False, ended: bool = False) -> list[Finding]:
+def _why_dropped(per_rank: dict[int, dict[str, Any]]) -> str:
+    """Why the recorders dropped what they did, each reason once with its ranks (a lost
+    event is shown with its cause: the count alone said none, helper-197)."""
+    by_why: dict[str, list[int]] = {}
+    for r, d in sorted(per_rank.items()):
+        if d.get("dropped") and d.get("dropped_why"):
+            by_why.setdefault(d["dropped_why"], []).append(r)
+    said = [f"rank(s) {ranges(rs, limit=8)}: {why}" for why, rs in list(by_why.items())[:3]]
+    return f", why: {'; '.join(said)}{'; ...' if len(by_why) > 3 else ''}" if said else ""
+
+
+def find_incomplete(model: TraceModel, now: int, stopped: bool = False, wall_ns: int | None = None) -> list[Finding]:
     """``stopped``: the caller found ``job_stopped`` and no error finding explaining it.
-    ``ended``: the trace is read to its end (not a live job whose ranks' streams a reader
-    may not have listed yet): ranks it does not hold that their peers' collectives needed
-    (``unseen``) are incomplete too."""
+    ``wall_ns`` (the clock now) given: the trace is read to its end (not a live job whose
+    ranks' streams a reader may not have listed yet): ranks it does not hold that their
+    peers' collectives needed (``unseen``) are incomplete too, and a rank whose store
+    refused its writes is judged silent by that clock, not by the trace's end (the ranks
+    of a job whose every last event was refused all stop together)."""
+    ended = wall_ns is not None
     per_rank: dict[int, dict[str, Any]] = {}
     for r, losses in model.read_losses.items():
         if r >= 0:
@@ -141,6 +156,13 @@ def find_incomplete(model: TraceModel, now: int, stopped: bool = False, ended: b
     for r in ranks:
         rt = model.ranks[r]
         d = per_rank.get(r)
+        if d and d.pop("refused", None):  # (its store refuses writes: what it shows of a rank gone so is short)
+            if r not in exits and (snapshot(model, now)[r].dead or wall_ns is not None and wall_ns
+                                   - model.last_seen(r) > rankstate.dead_after_ns(model, r)):
+                d["lost_unknown"] = "full"
+            elif not d:
+                del per_rank[r]
+                d = None
         waits = [k for k in _GONE_THEN if d and d.get(k)]
         if waits and (r in exits or liveness.gone(model, r, now)):
             # (its writer will never write again to count what the store lost: a stated loss, not a wait)
@@ -149,6 +171,8 @@ def find_incomplete(model: TraceModel, now: int, stopped: bool = False, ended: b
             d["lost_unknown"] = _GONE_THEN[waits[0]]
         if rt.dropped:
             per_rank.setdefault(r, {})["dropped"] = int(rt.dropped)
+            if rt.drop_reason:
+                per_rank[r]["dropped_why"] = rt.drop_reason
         went_on = (last_exit is not None and r not in exits and rt.last_ts <= last_exit
                    and (not snapshot(model, now)[r].dead or outlived(model, r)))
         if went_on or stopped:
@@ -164,7 +188,7 @@ def find_incomplete(model: TraceModel, now: int, stopped: bool = False, ended: b
         if counts:
             parts.append(f"{sum(counts.values()):,} {words} (" +
                          ", ".join(f"rank {r}: {n:,}" for r, n in sorted(counts.items())[:8]) +
-                         (", ..." if len(counts) > 8 else "") + ")")
+                         (", ..." if len(counts) > 8 else "") + ")" + (_why_dropped(per_rank) if kind == "dropped" else ""))
     if unnamed:
         parts.append(f"{sum(unnamed.values()):,} op(s) whose names their streams could not say (" +
                      ", ".join(f"rank {r}: {n:,}" for r, n in sorted(unnamed.items())[:8]) +
@@ -187,7 +211,11 @@ def find_incomplete(model: TraceModel, now: int, stopped: bool = False, ended: b
                          ("restart", "the store lost the stream of rank(s) {} after the rank(s) were gone (dead or "
                                      "exited, their writers never to write again: Redis restarted without "
                                      "persistence, or was flushed): what was not read is lost, how many is not known "
-                                     "(maybe none)")):
+                                     "(maybe none)"),
+                         ("full", "the store refused writes for lack of memory (a Redis at its maxmemory) and rank(s) "
+                                  "{} went silent without an exit: their last events may never have reached it (they "
+                                  "wait in their hosts' spools, which a commscope command on the host forwards once "
+                                  "the store has room), how many is not known (maybe none)")):
         gone = sorted(r for r, d in per_rank.items() if d.get("lost_unknown") == cause)
         if gone:
             parts.append(words.format(ranges(gone, limit=8)))

@@ -89,5 +89,5 @@ def diagnose(model: TraceModel, now: int | None = None, hang_after: float | None
         findings = [f for f in findings if not (f.culprits and apart.keys() >= set(f.culprits))]
     stopped = (wall_ns is not None and not any(f.severity == "error" for f in findings)
                and job_stopped(model, wall_ns))
-    findings += find_incomplete(model, now, stopped, ended=wall_ns is not None)
+    findings += find_incomplete(model, now, stopped, wall_ns)
     return qualify(model, resolve(model, findings, now, mismatch_rows))

@@ -50,9 +50,11 @@ ABSENT: Any = _Absent()
 #: (findings.attach_stacks), ``snapshot`` (the finding is read from a snapshot's stacks: the
 #: span of its samples, the ranks it did not see; ``analysis.snapshots``), ``together``
 #: (rootcause: ranks that departed together, one finding: ``first``, the first to go, whose
-#: the kind's own fields are, and ``hosts``, host -> its ranks).
+#: the kind's own fields are, and ``hosts``, host -> its ranks), ``wait_cycle`` (rootcause: the
+#: groups whose collectives the culprits called in different orders, each waiting in one for
+#: another).
 ANNOTATIONS = ("consequences", "named_through", "stacks", "stack_info", "stacks_more", "culprit_where", "snapshot",
-               "together")
+               "together", "wait_cycle")
 
 
 @dataclasses.dataclass(kw_only=True, eq=False)

@@ -112,6 +112,8 @@ _KIND = {"sample": K_SAMPLE, "heartbeat": K_HEARTBEAT, "summary": K_SUMMARY}
 _RANK_OF = itemgetter("rank")
 _TS_OF = itemgetter("ts")
 DEFAULT_SAMPLE_INTERVAL = 1.0
+#: characters kept of the reason a report of drops gave (a store's error: a few lines at most)
+DROP_REASON_CHARS = 300
 #: Events are ingested in chunks this long, so that the several column passes over a chunk's
 #: dicts find them in cache (one pass over a cold dict costs ~100 ns, a warm one ~25 ns).
 INGEST_CHUNK = 2048
@@ -1918,7 +1920,8 @@ class TraceModel:
         losses: dict[int, dict[str, int]] = {}
         for key, per_rank in (("damaged", stats.corrupt_by_rank), ("invalid", stats.invalid_by_rank),
                               ("missing", stats.missing_by_rank), ("unsettled", stats.unsettled_by_rank),
-                              ("emptied", stats.emptied_by_rank), ("uncarried", stats.uncarried_by_rank)):
+                              ("emptied", stats.emptied_by_rank), ("uncarried", stats.uncarried_by_rank),
+                              ("refused", stats.refused_by_rank)):
             for r, n in per_rank.items():
                 if n:
                     losses.setdefault(int(r), {})[key] = int(n)
@@ -2282,7 +2285,9 @@ class TraceModel:
                 if str(e.get("reason", "")).startswith(FR_OVERWRITE):
                     rt.fr_overwritten = running_drops(rt.fr_overwritten, e)
                 else:
-                    rt.dropped = running_drops(rt.dropped, e)
+                    was, rt.dropped = rt.dropped, running_drops(rt.dropped, e)
+                    if rt.dropped > was and e.get("reason"):
+                        rt.drop_reason = str(e["reason"])[:DROP_REASON_CHARS]
         if samples:
             rt.samples.add(samples)
         return t0, t1

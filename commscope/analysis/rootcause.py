@@ -333,6 +333,14 @@ def resolve(model: TraceModel, findings: list[Finding], now: int,
         return d if d is not None and set(ranks) <= set(d.culprits) else None
     kept_failed: set[int] = set()  # the p2p timeouts kept (``_p2p_timeout``), by id
 
+    crossing = [t for t in roots if "wait_cycle" in t.evidence]  # (``_crossed``'s cycles of groups, few)
+
+    def crossing_of(ranks: list[int]) -> Finding | None:
+        """The first cycle of groups' collectives (``_crossed``) naming all of ``ranks``: what
+        names only ranks held in it is its (a barrier of the world timed out on rank 2, its
+        ranks 0 and 1 each in another group's all_reduce, stood as the root: helper-196)."""
+        return next((t for t in crossing if ranks and set(ranks) <= set(t.culprits)), None)
+
     def kept_p2p(t: Finding) -> Finding | None:
         """The finding kept for a p2p wait ``t``: the first unmatched_p2p blocked on the same
         peers, or a p2p timeout itself where it is kept."""
@@ -386,10 +394,10 @@ def resolve(model: TraceModel, findings: list[Finding], now: int,
             target = stuck[next(c for c in f.culprits if c in stuck)]  # (itself, for a stuck rank's own: kept)
         elif f.kind == "missing_ranks":
             # (an op_failed of its rank's own doing, refused as called, only where it is this wait)
-            target = next((t for t in roots if t.kind == "op_failed" and set(t.culprits) == set(f.culprits)
-                           and (t.evidence.get("blame", {}).get("reason") != "local"
-                                or set(t.instances) & set(f.instances))), None) \
-                or deadlock_of(f.culprits)
+            target = crossing_of(f.culprits) or next(
+                (t for t in roots if t.kind == "op_failed" and set(t.culprits) == set(f.culprits)
+                 and (t.evidence.get("blame", {}).get("reason") != "local" or set(t.instances) & set(f.instances))),
+                None) or deadlock_of(f.culprits)
             if target is None:
                 _split_deadlock(f, [c for c in f.culprits if deadlock_of([c]) is not None])
             if target is None and (cycle := cycles(frozenset(f.culprits))) is not None:
@@ -419,8 +427,8 @@ def resolve(model: TraceModel, findings: list[Finding], now: int,
             # (a failure blamed on ranks held in a p2p deadlock, each other's: the deadlock's;
             # it stood beside it, helper-182: rank 2's all_reduce timed out on ranks 0 and 1;
             # not one that fired before they were in it, helper-185)
-            target = deadlock_of(f.culprits)
-            if target is not None and _fired(f) < target.ts:
+            target = deadlock_of(f.culprits) or crossing_of(f.culprits)
+            if target is not None and target is not f and _fired(f) < target.ts:
                 target = None
         if target is not None and target is not f:
             _absorb(target, f)
@@ -475,8 +483,10 @@ def _crossed(model: TraceModel, errors: list[Finding]) -> list[Finding]:
     through its wait to rank 0 (helper-180: a recv from rank 1 still named it).  Every
     culprit of a consequence waits in a root, or is another hang's outside the cycle (an idle
     rank its own group's hang names; the root may name such an absentee besides).  Where
-    every hang of a cycle stands as well as the others (two ranks that called two groups'
-    collectives in opposite orders), all stand.  Before, the hang more
+    every hang of a cycle stands as well as the others and waits only on ranks the cycle
+    holds (two ranks that called two groups' collectives in different orders), they are one
+    finding naming all their absentees, none of them a victim (``wait_cycle``: the groups);
+    before, each stood naming the other's victim (helper-196).  Before, the hang more
     ranks waited in was the root: the world's, whose four waiters outnumbered each group's
     three, named the twelve ranks that did right (a rank per 4-rank group of 16).
 
@@ -566,12 +576,24 @@ def _crossed(model: TraceModel, errors: list[Finding]) -> list[Finding]:
         # cycle: an idle rank 4 whose group waits for it; helper-184: the cycle was skipped; or
         # wait elsewhere, as a rank that crashed of a failure blamed on the root's: helper-186)
         inner = set(part)
-        if not others or any(not (c in waits or c in elsewhere or any(j not in inner for j in named_by(c)))
-                             for k in others for c in culprits[k]):
+        if not others and not all(c in inside for k in chosen for c in culprits[k]):
+            continue  # (a tie whose absentees are not all held in it: another's hang may explain them)
+        if any(not (c in waits or c in elsewhere or any(j not in inner for j in named_by(c)))
+               for k in others for c in culprits[k]):
             continue
         root, *more = (f for k in chosen for f in nodes[k])
         then = [f for k in others for f in nodes[k]]
-        if more:
+        if more and not others:  # (each waits in one for another: the ranks of the cycle are each other's)
+            blamed = sorted({c for f in (root, *more) for c in f.culprits})
+            groups = sorted({str(group[k]) for k in chosen})
+            root.message = (f"{ranks_text(blamed)} called the collectives of groups {', '.join(groups)} in different "
+                            f"orders: each waits in one for another (a wait cycle); first: {root.message}")
+            _absorb(root, *more)
+            root.culprits = blamed
+            root.evidence["wait_cycle"] = groups
+            for c in blamed:
+                root.victims.pop(c, None)
+        elif more:
             blamed = sorted({c for f in (root, *more) for c in f.culprits})
             if len(waiting := {group[k] for k in chosen}) > 1:
                 root.message = (f"{ranks_text(blamed)} is in another group's collective while {len(waiting)} groups "
@@ -587,7 +609,8 @@ def _crossed(model: TraceModel, errors: list[Finding]) -> list[Finding]:
                     crashes.setdefault(f.instances[0], []).append(f)
         crashed = [c for f in then if f.kind == "op_failed" for c in crashes.get(f.instances[0], ())
                    if _crashed_of(model, c)]
-        _absorb(root, *then, *crashed)
+        if then or crashed:
+            _absorb(root, *then, *crashed)
         folded |= {id(f) for f in (*more, *then, *crashed)}
     return [f for f in errors if id(f) not in folded] if folded else errors
 

@@ -327,7 +327,8 @@ def read_warnings(model: TraceModel, stats: ReadStats) -> list[str]:
                         ("; ..." if len(foreign) > 4 else "") + ")")
     for r in model.rank_ids()[:64]:
         if model.ranks[r].dropped:
-            warnings.append(f"rank {r}: the recorder dropped {model.ranks[r].dropped} event(s)")
+            why = model.ranks[r].drop_reason
+            warnings.append(f"rank {r}: the recorder dropped {model.ranks[r].dropped:,} event(s)" + (f" ({why})" if why else ""))
     ws = model.world_size
     present = model.rank_ids()
     missing = ws - sum(1 for r in present if r < ws)

@@ -87,6 +87,10 @@ class ReadStats:
     #: first) with what the rank was in there not known (the carry of the segment before, and
     #: that segment, gone): an op begun before may be missing, so the trace is not whole
     uncarried_by_rank: dict[int, int] = dataclasses.field(default_factory=dict)
+    #: streams of a rank whose writer said no end, on a Redis node that refuses writes for lack
+    #: of memory or refused some since it started: their last events may never have reached
+    #: it (a rank gone so has lost some, how many not known); found again on every look
+    refused_by_rank: dict[int, int] = dataclasses.field(default_factory=dict)
     partial_tail: int = 0  # ranks whose last line is still incomplete
     #: events of segments retention deleted (store/retention.py), which their summaries stand for
     summarized: int = 0
@@ -311,7 +315,7 @@ class ReadStats:
 _COUNTS_OF = tuple(f.name for f in dataclasses.fields(ReadStats) if str(f.type).startswith("dict"))
 #: of those, the ones where a rank counted is a rank with some (its count taken back out to
 #: 0 is no entry: ``check`` says how many ranks skipped bytes)
-_ZERO_IS_NONE = frozenset({"skipped_by_rank", "unsettled_by_rank", "emptied_by_rank"})
+_ZERO_IS_NONE = frozenset({"skipped_by_rank", "unsettled_by_rank", "emptied_by_rank", "refused_by_rank"})
 
 
 #: A ``dropped`` event whose reason starts so was written by a writer that found its

@@ -47,7 +47,7 @@ from commscope.store.base import (
     meta_line,
     store_lost,
 )
-from commscope.store.cluster import Nodes, keyslot
+from commscope.store.cluster import Address, Nodes, keyslot
 from commscope.store.redis_keys import Keys, LegacyKeys, entry_number
 from commscope.store.redis_url import MAX_WRITE_EVERY, RedisTarget, parse_url, scrub
 from commscope.store.resp import Connection, RedisAuthError, RedisTLSRefused, ReplyError, pack
@@ -1252,6 +1252,7 @@ class RedisReader(TraceReader):
         if ends:
             self._tails({st: n for st, n in ends.items() if st not in left})  # (those read to their end)
         if look:  # (a poll that failed looks again next time)
+            self._refused(nodes, self._ends_known)
             self._tail_look = time.monotonic() + self.TAIL_LOOK_S
         self._settling(nodes, got)
         self._emptying(nodes, got)
@@ -1348,6 +1349,7 @@ class RedisReader(TraceReader):
                     self._read_to_end(stream, began)
                 self._tails(ends)
                 self._unsettled(nodes, ends)
+                self._refused(nodes, ends)
                 for stream in sorted(rest):
                     out.extend(rest[stream])
         except ReplyError as exc:
@@ -1421,6 +1423,22 @@ class RedisReader(TraceReader):
                 f"rank {rank}: its stream's master {via} failed over since its writer last wrote: what the replica "
                 "that took over had not received is not counted until the writer writes again (it says it then; "
                 "a rank that died before it never will)")
+
+    def _refused(self, nodes: Nodes, ends: dict[Stream, int]) -> None:
+        """The streams whose writers said no end and whose node refuses writes for lack of
+        memory, or has refused some since it started (``refusing``): their last events may
+        never have reached it, their exits among them (they wait in their hosts' spools), so
+        a rank gone that way is not known to have lost nothing (``ReadStats.refused_by_rank``,
+        looked at again on every look at the ends: a node given memory since refuses no
+        more).  A check from another host read a job that wrote 14% of its ops as healthy,
+        exit 0 (helper-197)."""
+        streams = getattr(self, "_streams", ())
+        full = refusing(nodes) if self.keys is Keys and len(ends) < len(streams) else {}
+        counts: dict[int, int] = {}
+        for stream in streams if full else ():
+            if stream not in ends and nodes.node(self.keys.stream(self.job_id, *stream)) in full:
+                counts[stream[0]] = counts.get(stream[0], 0) + 1
+        self.stats.refused_by_rank = counts
 
     def _failed_vias(self, nodes: Nodes, streams: list[Stream]) -> dict[Stream, str]:
         """Of ``streams``, those whose ``Keys.via`` names a node that serves no slot now (and
@@ -1711,16 +1729,21 @@ FULL_SHARE = 0.95
 
 
 def full_nodes(nodes: Nodes) -> str | None:
-    """What the nodes of the store that refuse writes for lack of memory say: over their
-    ``maxmemory`` (``INFO memory``), or near it having refused some (``INFO errorstats``,
-    ``errorstat_OOM``, Redis 6.2+, since it started), or having refused some at all.  A
-    Redis at its ``maxmemory`` refuses the ranks' appends, and a reader on another host, with
-    no spool to see, saw only the events that never came (helper-193: exit 0 over 89% of ops
-    never stored, the cause said nowhere).  Not of a node that evicts keys (``allkeys-*``:
-    full by design, ``evicting_policy`` says it).  Its words hold no figure that moves while
-    ranks retry: a console says a warning once by its text (helper-199).  None where none
-    refuses, or where none says."""
-    said = []
+    """What the nodes of the store that refuse writes for lack of memory say (``refusing``),
+    in one line; None where none refuses, or where none says."""
+    return "; ".join(refusing(nodes).values()) or None
+
+
+def refusing(nodes: Nodes) -> dict[Address, str]:
+    """The nodes of the store that refuse writes for lack of memory, each with what it says:
+    over its ``maxmemory`` (``INFO memory``), or near it having refused some (``INFO
+    errorstats``, ``errorstat_OOM``, Redis 6.2+, since it started), or having refused some at
+    all.  A Redis at its ``maxmemory`` refuses the ranks' appends, and a reader on another
+    host, with no spool to see, saw only the events that never came (helper-193: exit 0 over
+    89% of ops never stored, the cause said nowhere).  Not of a node that evicts keys
+    (``allkeys-*``: full by design, ``evicting_policy`` says it).  Its words hold no figure
+    that moves while ranks retry: a console says a warning once by its text (helper-199)."""
+    said: dict[Address, str] = {}
     for address, info in nodes.each_master("INFO", "memory").items():
         fields = _info_fields(info)
         if fields.get("maxmemory_policy", "").startswith("allkeys-"):
@@ -1734,11 +1757,11 @@ def full_nodes(nodes: Nodes) -> str | None:
         refused = int(oom["count"]) if oom.get("count", "").isdigit() else 0
         where = f"node {address[0]}:{address[1]} " if len(nodes.masters()) > 1 else ""
         if most and (used > most or refused and used >= FULL_SHARE * most):
-            said.append(f"{where}is full (maxmemory {size(most)}) and refuses writes for lack of memory")
+            said[address] = f"{where}is full (maxmemory {size(most)}) and refuses writes for lack of memory"
         elif refused:
-            said.append(f"{where}has refused writes for lack of memory since it started (maxmemory "
-                        f"{size(most) if most else 'since raised or lifted'})")
-    return "; ".join(said) or None
+            said[address] = (f"{where}has refused writes for lack of memory since it started (maxmemory "
+                             f"{size(most) if most else 'since raised or lifted'})")
+    return said
 
 
 def _info_fields(info: object) -> dict[str, str]:
