@@ -58,8 +58,11 @@ def parse_since(text: str | None, now: dt.datetime | None = None) -> Since | Non
                          "a UTC time (14:00, 2026-11-26T14:00) or all")
     m = _DURATION.match(text)
     if m and math.isfinite(ago := sum(float(n) * _SECONDS[unit.lower()] for n, unit in _PART.findall(text))) \
-            and ago < 1e12:
+            and 0 < ago < 1e12:
         return Since(ago_s=ago)  # (a duration past ~30,000 years, or inf, is no window: an internal error before)
+    if m and not ago:  # ("0" is refused as no duration: "0s" read as good as nothing, helper-204)
+        raise ValueError(f"cannot read --since {text!r}: a window of no time; give a duration back from the trace's "
+                         "end (90s, 10m, 2h) or all")
     if m:
         raise ValueError(f"cannot read --since {text!r}: a duration too large")
     now = now or dt.datetime.now(dt.timezone.utc)

@@ -18,7 +18,12 @@ With ``ddp ODD``, rank ODD builds its model one input wider than the others' and
 wraps it in DistributedDataParallel: its check of the models across ranks raises on the
 ranks whose parameters differ from rank 0's, and the others then fail on the ones gone.
 
-    python raising_rank.py STORE RELEASE [after_destroy [world|segv|full|full_early] | finally | ddp ODD]
+With ``pipe WIDTH``, three pipeline stages pass (4, 16) float32 tensors on with
+``batch_isend_irecv``, four microbatches; rank 1 sends its third one (4, WIDTH) wide: wider,
+Gloo aborts rank 2 on it; narrower, it is taken without a word.
+
+    python raising_rank.py STORE RELEASE [after_destroy [world|segv|full|full_early] | finally | ddp ODD
+                                          | pipe WIDTH]
 """
 
 import os
@@ -55,6 +60,19 @@ def main() -> None:
         model = DistributedDataParallel(torch.nn.Linear(width, 4))
         for _ in range(3):
             model(torch.ones(2, width)).sum().backward()
+        return
+    if sys.argv[3:4] == ["pipe"]:
+        world = dist.get_world_size()
+        for mb in range(4):
+            ops = []
+            if rank > 0:
+                ops.append(dist.P2POp(dist.irecv, torch.empty(4, 16), rank - 1))
+            if rank < world - 1:
+                width = int(sys.argv[4]) if rank == 1 and mb == 2 else 16
+                ops.append(dist.P2POp(dist.isend, torch.ones(4, width), rank + 1))
+            for work in dist.batch_isend_irecv(ops):
+                work.wait()
+        dist.barrier()
         return
     if sys.argv[3:] == ["finally"]:
         try:

@@ -1485,6 +1485,77 @@ def test_a_failure_of_its_own_before_a_mismatch_aborted_the_rank_stays_its_own()
     assert f[1].group == "x"
 
 
+ENFORCE = ("gloo::EnforceNotMet: [enforce fail at ../third_party/gloo/gloo/transport/tcp/pair.cc:446] "
+           "op.preamble.length <= op.nbytes. 512 vs 256. Received data size doesn't match expected size.")
+
+
+def _pipeline(sends: dict[int, tuple[int, ...]], recvs: dict[int, tuple[int, ...]], steps: int = 4
+              ) -> tuple[TraceBuilder, int, dict]:
+    """Rank 1 sends to rank 2, ``steps`` times, the shape of each step given by ``sends``
+    (else (4, 16)); rank 2 receives into ``recvs``'s (else (4, 16)).  Returns the builder,
+    the time after, and the ops by (rank, step)."""
+    b = TraceBuilder(3)
+    t = b.warmup()
+    ids = {}
+    for k in range(steps):
+        ids[(1, k)] = b.begin(1, t, "isend", peer=2, dir="send", shape=sends.get(k, (4, 16)), site="pipe.py:18")
+        ids[(2, k)] = b.begin(2, t + MS, "irecv", peer=1, dir="recv", shape=recvs.get(k, (4, 16)), site="pipe.py:17")
+        t += 10 * MS
+    return b, t, ids
+
+
+@pytest.mark.parametrize("larger", [True, False])
+def test_a_send_and_its_recv_of_different_sizes_are_one_error_naming_both(larger):
+    """Rank 1 sends 512 B where rank 2's recv takes 256 B: Gloo aborts rank 2 ("op.preamble.
+    length <= op.nbytes. 512 vs 256"), and rank 1's next send fails on its closed
+    connection.  The aborted receiver alone was named, as crashed (helper-203, a real Gloo
+    pipeline).  A smaller message Gloo takes without a word, the rest of the buffer left as
+    it was: the job read healthy, exit 0.  Either way one unmatched_p2p naming both ranks
+    (which is wrong, nothing says), the abort and what followed its consequences."""
+    b, t, ids = _pipeline({2: (4, 32) if larger else (4, 8)}, {})
+    for k in range(2):
+        for r in (1, 2):
+            b.end(r, ids[(r, k)], t + k * MS)
+    if larger:
+        b.end(1, ids[(1, 2)], t + 2 * MS)
+        b.end(2, ids[(2, 2)], t + 3 * MS, exc=ENFORCE)
+        b.exit(2, t + 4 * MS, reason="exception", exc=ENFORCE)
+        b.end(1, ids[(1, 3)], t + 5 * MS, exc=CLOSED)
+        b.exit(1, t + 6 * MS, reason="exception", exc=CLOSED)
+        b.heartbeats(b.t0, t + 3 * MS, ranks=[2])
+        b.heartbeats(b.t0, t + 6 * MS, ranks=[0, 1])
+    else:
+        for k in range(2, 4):
+            for r in (1, 2):
+                b.end(r, ids[(r, k)], t + k * MS)
+        b.heartbeats(b.t0, t + 5 * MS)
+        for r in range(3):
+            b.exit(r, t + 6 * MS)
+    _, f = replay(b, {1, 2})
+    assert errors(f) == [("unmatched_p2p", [1, 2])], [x.to_json()["message"] for x in f]
+    sizes = f[0].evidence["sizes"]
+    assert {r: d["bytes"] for r, d in sizes.items()} == {"1": 512 if larger else 128, "2": 256}
+    assert f"sends {'512' if larger else '128'} B where irecv #3 from 1 (group 0) (rank 2, at pipe.py:17)" \
+        in f[0].message
+    assert sorted((c["kind"], c["culprits"]) for c in f[0].evidence.get("consequences", [])) == (
+        [("op_failed", [2]), ("op_failed", [2]), ("rank_crashed", [1]), ("rank_crashed", [2])] if larger else [])
+
+
+def test_sends_and_recvs_tags_pair_in_another_order_are_not_a_size_mismatch():
+    """Tags are not recorded: a send of 256 B then one of 512 B, received by tags into 512 B
+    then 256 B, pair by their order as 256 against 512.  The channel's sizes are the same
+    sizes in another order: no finding."""
+    b, t, ids = _pipeline({0: (4, 16), 1: (4, 32)}, {0: (4, 32), 1: (4, 16)}, steps=2)
+    for k in range(2):
+        for r in (1, 2):
+            b.end(r, ids[(r, k)], t + k * MS)
+    b.heartbeats(b.t0, t + 5 * MS)
+    for r in range(3):
+        b.exit(r, t + 6 * MS)
+    _, f = replay(b, set())
+    assert errors(f) == []
+
+
 @pytest.mark.parametrize("world", [3, 2])
 def test_a_collective_called_on_the_wrong_group_names_its_rank_not_the_one_it_waits_for(world):
     """Rank 0 calls all_reduce on group {0, 1} where the other ranks call the world's: 0
@@ -1538,6 +1609,84 @@ def test_two_ranks_calling_two_groups_collectives_in_different_orders_are_one_er
     assert f[0].evidence["wait_cycle"] == ["A", "B"] and set(f[0].victims) == {2}
     assert [c["kind"] for c in f[0].evidence["consequences"]] == (
         ["missing_ranks", "op_failed", "rank_crashed"] if ended else ["missing_ranks", "missing_ranks"])
+
+
+def test_a_wait_cycle_of_groups_names_both_ranks_at_every_moment_as_their_timeouts_end_it():
+    """As above, the backend's timeouts ending the cycle one rank at a time: rank 0 times out
+    in A and crashes, rank 1 in B a second later, then rank 2's barrier.  Once rank 0 had
+    crashed, the walk led from it to rank 1 and the finding named rank 1 alone, rank 0 its
+    victim; at the end, "ranks 0, 1 crashed together" (helper-205).  At every moment one
+    error naming both, none of them a victim, the cycle said."""
+    b = TraceBuilder(3)
+    b.group("A", [0, 1])
+    b.group("B", [0, 1])
+    t = b.warmup()
+    ops = {0: b.begin(0, t, "all_reduce", group="A"), 1: b.begin(1, t + S, "all_reduce", group="B")}
+    bar = b.begin(2, t + 2 * S, "barrier")
+    b.heartbeats(b.t0, t + 10 * S)
+    for r, at in ((0, 10), (1, 11)):
+        b.end(r, ops[r], t + at * S, exc=TIMED_OUT)
+        b.exit(r, t + at * S + 5 * MS, reason="exception", exc=TIMED_OUT)
+        b.heartbeats(t + at * S, t + (at + 1) * S, ranks=[x for x in range(3) if x > r])
+    b.end(2, bar, t + 12 * S, exc=TIMED_OUT)
+    b.exit(2, t + 12 * S + 5 * MS, reason="exception", exc=TIMED_OUT)
+    events, m, k = sorted(b.events, key=lambda e: e["ts"]), TraceModel(), 0
+    for at in (9.5, 10.5, 11.5, 12.5):
+        while k < len(events) and events[k]["ts"] <= t + int(at * S):
+            m.ingest([events[k]])
+            k += 1
+        f = [x for x in diagnose(m, now=t + int(at * S), hang_after=3.0) if x.severity == "error"]
+        assert [(x.culprits, x.evidence.get("wait_cycle")) for x in f] == [([0, 1], ["A", "B"])], (at, f)
+        assert not set(f[0].victims) & {0, 1}, (at, f[0].victims)
+    assert sum(c["kind"] == "rank_crashed" for c in f[0].evidence["consequences"]) == 3
+
+
+@pytest.mark.parametrize("ended", [False, True])
+def test_a_rank_that_skipped_a_step_its_sibling_subgroups_took_is_named_not_its_partner(ended):
+    """``new_subgroups(group_size=2)`` on 4 ranks: {0, 1} and {2, 3} each run three
+    all_reduces, then the world's; rank 3 skips its third and goes into the world's.  Rank 2
+    waits in {2, 3}'s for rank 3, ranks 0, 1 and 3 in the world's for rank 2: the world's
+    hang, more ranks waiting, named rank 2, which did what {0, 1} did (helper-203, a real
+    Gloo job, 5 of 5 runs, live and once the timeouts ended it).  A step a sibling group
+    took names its absentee: rank 3."""
+    b = TraceBuilder(4)
+    b.group("s0", [0, 1])
+    b.group("s1", [2, 3])
+    t = b.warmup()
+    for step in range(3):
+        t = b.collective(t, "all_reduce", "s0") + MS
+        if step < 2:
+            t = b.collective(t, "all_reduce", "s1") + MS
+    stuck = {2: b.begin(2, t, "all_reduce", group="s1")}
+    for r in (0, 1, 3):
+        stuck[r] = b.begin(r, t + MS, "all_reduce")
+    b.heartbeats(b.t0, t + 12 * S)
+    if ended:  # (Gloo's: rank 2's times out first, and it crashes; the others fail on its closed connection)
+        b.end(2, stuck[2], t + 10 * S, exc=TIMED_OUT)
+        b.exit(2, t + 10 * S + 5 * MS, reason="exception", exc=TIMED_OUT)
+        for r in (0, 1, 3):
+            b.end(r, stuck[r], t + 10 * S + 10 * MS, exc=CLOSED)
+            b.exit(r, t + 10 * S + 15 * MS, reason="exception", exc=CLOSED)
+    _, f = replay(b, {3}, hang_after=3.0)
+    assert errors(f) == [("op_failed" if ended else "missing_ranks", [3])], [x.to_json()["message"] for x in f]
+    assert f[0].group == "s1" and not set(f[0].victims) & {3}
+
+
+def test_a_hang_that_waits_on_a_wait_cycle_and_an_idle_rank_names_the_idle_rank():
+    """Ranks 0 and 1 in a wait cycle of groups A and B; rank 2 waits in the world's barrier,
+    which idle rank 3 never reaches either.  The barrier's hang named ranks 0, 1 and 3: the
+    cycle named twice (helper-205).  It names rank 3, and says where 0 and 1 are."""
+    b = TraceBuilder(4)
+    b.group("A", [0, 1])
+    b.group("B", [0, 1])
+    t = b.warmup()
+    b.begin(0, t, "all_reduce", group="A")
+    b.begin(1, t + MS, "all_reduce", group="B")
+    b.begin(2, t + 2 * MS, "barrier")
+    b.heartbeats(b.t0, t + 12 * S)
+    _, f = replay(b, {0, 1, 3}, hang_after=3.0)
+    assert errors(f) == [("missing_ranks", [0, 1]), ("missing_ranks", [3])], [x.to_json()["message"] for x in f]
+    assert f[1].message.endswith("; ranks 0, 1 are in a wait cycle of groups' collectives"), f[1].message
 
 
 @pytest.mark.parametrize("timed_out", [False, True])

@@ -1513,3 +1513,18 @@ def test_a_consequence_unmatched_p2p_names_the_rank_waiting_in_it_not_its_peer()
     assert [(x.kind, x.culprits) for x in errors] == [("unmatched_p2p", [2])]
     then = errors[0].message.split(". Then: ")[1]
     assert then.split("; ") == ["rank 2 waited in all_reduce #4", "rank 0 blocked in send #1"], then
+
+
+def test_a_rank_that_destroyed_its_group_early_has_left_it_not_exited():
+    """Rank 1 destroys its process group and runs on (its heartbeats go on) while ranks 0
+    and 2 wait in the next all_reduce: it "is exited (destroy_process_group)" said a rank
+    that was alive (helper-203).  It has left its process group."""
+    b = TraceBuilder(3)
+    t = b.warmup()
+    b.exit(1, t, reason="destroy_process_group")
+    for r in (0, 2):
+        b.begin(r, t + MS, "all_reduce")
+    b.heartbeats(t, t + 10 * S)
+    _, f = run(b, hang_after=3.0)
+    assert [(x.kind, x.culprits) for x in f if x.severity == "error"] == [("missing_ranks", [1])]
+    assert "rank 1 has left its process group (destroy_process_group)" in f[0].message, f[0].message

@@ -582,6 +582,24 @@ def test_healthy_job_never_shows_an_error(tmp_path, capsys):
     assert errors_of(out) == []
 
 
+@pytest.mark.parametrize("width", [32, 8])
+def test_a_pipeline_stage_sending_a_size_its_peer_does_not_take_names_both(tmp_path, capsys, width):
+    """Rank 1 of a three-stage pipeline sends a (4, 32) tensor into rank 2's (4, 16) recv:
+    Gloo aborts rank 2, which alone was named, as crashed (helper-203).  A (4, 8) one Gloo
+    takes without a word, and the job read healthy, exit 0.  One unmatched_p2p naming ranks
+    1 and 2 (which of them is wrong, nothing says), the abort and what followed its
+    consequences; nothing lost."""
+    store, codes, said = ended_ranks(tmp_path, 3, "pipe", str(width))
+    assert (codes[2] != 0) == (width > 16), (codes, said)
+    out = finished(store, capsys)
+    assert errors_of(out) == [("unmatched_p2p", [1, 2])], [f["message"] for f in out["findings"]]
+    (f,) = [f for f in out["findings"] if f["severity"] == "error"]
+    assert {r: d["bytes"] for r, d in f["evidence"]["sizes"].items()} == {"1": 16 * width, "2": 256}
+    kinds = [c["kind"] for c in f["evidence"].get("consequences") or []]
+    assert ("rank_crashed" in kinds) == (width > 16), kinds
+    assert not [x for x in out["findings"] if x["kind"] == "trace_incomplete"], out["findings"]
+
+
 @pytest.mark.parametrize(("world", "odd", "named"), [(3, 0, [0]), (3, 2, [2]), (2, 0, [0, 1])])
 def test_a_model_that_differs_at_ddps_check_is_the_mismatch_of_the_odd_rank(tmp_path, capsys, world, odd, named):
     """DistributedDataParallel checks every rank's parameters against rank 0's: the ranks whose

@@ -81,6 +81,19 @@ def test_run_refuses_an_empty_retention_limit_and_says_the_one_it_keeps(tmp_path
     assert "(keeping all of each rank's history: --retain)" in capsys.readouterr().err  # ('everything of')
 
 
+def test_run_refuses_a_retention_limit_in_the_environment_its_ranks_cannot_read(tmp_path, capsys, monkeypatch):
+    """``COMMSCOPE_RETAIN=100KiB`` without ``--retain``: run said "keeping all of each rank's
+    history", no reason given, and each rank warned apart (helper-204).  Refused, the
+    variable named; a --retain given overrides it."""
+    from commscope.store import retention
+
+    monkeypatch.setenv(retention.ENV_RETAIN, "100KiB")
+    assert cli(["run", "--store", str(tmp_path / "t"), "--", "true"]) == 2
+    err = capsys.readouterr().err
+    assert f"${retention.ENV_RETAIN}='100KiB': keep at least 1 MiB per rank" in err and "set it to what --retain takes" in err, err
+    assert cli(["run", "--store", str(tmp_path / "t"), "--retain", "2GiB", "--", "true"]) == 0
+
+
 def test_attach_asked_for_read_processes_it_will_not_start_says_so(tmp_path, capsys):
     for n in ("-1", "65"):
         assert cli(["attach", "--read-processes", n, str(tmp_path)]) == 2

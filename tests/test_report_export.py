@@ -508,6 +508,31 @@ def test_a_summary_whose_op_has_no_name_is_counted_invalid_and_the_report_goes_o
     assert any("summary: an op without its name: 1" in w for w in rep["warnings"]), rep["warnings"]
 
 
+def test_each_rank_says_how_many_of_its_ops_retention_summarized(tmp_path, capsys):
+    """The history table sums every rank's: how many ops rank 1 ran in the part retention
+    deleted was said nowhere, and the per-rank table counted only the ops read (rank 0:
+    5,804 of the 21,732 it issued, helper-204).  Each rank's row says it, where any was."""
+    b = TraceBuilder(3)
+    b.collective(b.t0 + S, "all_reduce")
+    store = write_store(tmp_path / "s", b.sorted_events())
+    for rank, n in ((0, 5), (1, 7)):
+        op = {"op": "all_reduce", "group": "0", "count": n, "minutes": [[b.t0, n, 10 * n, 20, [[3, n]]]]}
+        (store / "job-1" / f"rank-{rank:05d}.summary.jsonl").write_text(json.dumps(
+            {"type": "summary", "rank": rank, "ts": b.t0, "v": 3, "seg": 7, "events": 10, "size": 100,
+             "ops": [op]}) + "\n")
+    capsys.readouterr()
+    assert cli(["report", str(store), "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert {r: (row["count"], row["summarized"]) for r, row in rep["ranks"].items()} == {
+        "0": (1, 5), "1": (1, 7), "2": (1, 0)}
+    assert rep["history"]["all_reduce"]["count"] == 12
+    assert cli(["report", str(store)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    head = next(ln for ln in lines if ln.lstrip().startswith("rank ") and "summarized" in ln)
+    rows = {ln.split()[0]: ln.split() for ln in lines[lines.index(head) + 2:][:3]}
+    assert rows["0"][:3] == ["0", "1", "5"] and rows["1"][:3] == ["1", "1", "7"] and rows["2"][2] != "0", rows
+
+
 def test_summarized_latency_holds_counts_a_trace_may_state(tmp_path, capsys):
     """Histogram counts up to 2^62 each, over ranks and minutes: summed as int64 they wrapped
     (numpy said so on stderr) and the p50 and p99 came from the wrong buckets."""

@@ -414,7 +414,7 @@ def test_since_sums_a_duration_of_several_units(text, seconds):
 @pytest.mark.parametrize("text, ok", [("10m", True), ("90s", True), ("2h", True), ("3d", True), ("all", True),
                                       ("14:00", True), ("2026-11-26T14:00", True), ("soon", False), ("10x", False),
                                       ("9" * 400 + "s", False), ("10000000000000000000000d", False),
-                                      ("", False), ("  ", False)])
+                                      ("", False), ("  ", False), ("0", False), ("0s", False), ("0h 0m", False)])
 def test_since_reads_durations_times_and_all(text, ok):
     if ok:
         got = parse_since(text)
@@ -845,6 +845,37 @@ def test_a_reader_that_read_everything_counts_no_summary_for_it(tmp_path):
     again = reader.poll()
     assert written_beats(again) == [] and reader.stats.summarized == 0
     assert not [e for e in again if e["type"] == "summary"]
+
+
+def test_a_segment_retention_deletes_as_a_reader_enters_it_is_jumped_over_not_uncarried(tmp_path, monkeypatch):
+    """A reader lists the stream, its oldest segment N, and enters it; retention then deletes
+    N and the carry of N-1 (keeping N's, the newest deleted), before the reader looks for
+    that carry.  It found none and said what the rank was in not known: a check of a
+    healthy live job exited 1 on a trace_incomplete error, 2 of 20 checks (helper-204).
+    The segment entered is gone: the reader jumps over it with the carry retention kept,
+    and every event is read or summarized, once."""
+    from commscope.store import inflight
+
+    job = _segmented(tmp_path)
+    assert _force(job, 128 << 10) > 0  # (the oldest left is a segment N > 0, its carry N-1 beside it)
+    carried, raced = inflight.carried, []
+
+    def retention_between(directory, stream, number):
+        if not raced:
+            raced.append(number)
+            monkeypatch.setattr(inflight, "carried", carried)  # (retention's own look at the carries)
+            raced.append(_force(job, 64 << 10))  # (N deleted, and N-1's carry)
+        return carried(directory, stream, number)
+
+    monkeypatch.setattr(inflight, "carried", retention_between)
+    reader = open_reader(tmp_path)
+    got = reader.read_all()
+    assert raced[0] > 0 and raced[1] > 0
+    assert not reader.stats.uncarried_by_rank and not [w for w in reader.stats.warnings if "not known" in w]
+    beats = written_beats(got)
+    assert beats == sorted(set(beats))  # nothing twice
+    summarized = sum(e["events"] - 1 for e in got if e["type"] == "summary")  # (each held its meta line too)
+    assert len(beats) + summarized == 3000 and not reader.stats.missing_by_rank
 
 
 @pytest.mark.parametrize(("segment", "held"), [(16 << 10, True), (256 << 10, True), (256 << 10, False)])
@@ -1878,7 +1909,7 @@ def test_the_recorder_s_drops_before_the_window_are_counted_once(tmp_path, capsy
         t = _busy_then(tb, t)
     rc, found, out = _window_says_what_a_full_read_says(tmp_path / "s", capsys, tb.events)
     assert (rc, found) == (1, [("trace_incomplete", [1])])
-    assert out["findings"][0]["evidence"]["per_rank"] == {"1": {"dropped": 50}}
+    assert out["findings"][0]["evidence"]["per_rank"] == {"1": {"dropped": 50, "dropped_why": "buffer full"}}
     drop = {"type": "dropped", "v": 3, "rank": 1, "ts": T0, "count": 50, "total": 50, "reason": "buffer full"}
     carried = inflight.replay(b"", orjson.dumps(drop) + b"\n", 1).carry()
     m = TraceModel()

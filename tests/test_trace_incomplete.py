@@ -60,6 +60,23 @@ def test_drops_are_counted_with_their_cause_and_ring_overwrites_are_not():
         "said: OOM; rank(s) 2: queue full (backpressure)" in f.message
 
 
+def test_a_stream_whose_every_write_a_full_redis_refused_is_said_lost_once_read_to_its_end():
+    """A rank whose stream is listed but none of its writes landed (its first one refused by
+    a full Redis): read to its end, the rank lost what never came (``lost_unknown``
+    ``full``); live, its writer may yet write.  Before, a finding with no words said
+    ("the trace is incomplete: "), a warning, exit 0 (helper-205)."""
+    from commscope.analysis.diagnose import trace_now
+
+    b = finished(world=3, exits=(0, 1, 2))
+    m = TraceModel.from_events(b.sorted_events())
+    m.note_read_stats(ReadStats(refused_by_rank={5: 1}))
+    assert [f for f in diagnose(m) if f.kind == "trace_incomplete"] == []  # (live: not known yet)
+    (f,) = [f for f in diagnose(m, trace_now(m), wall_ns=trace_now(m) + 60 * S) if f.kind == "trace_incomplete"]
+    assert f.severity == "error" and f.culprits == [5] and f.evidence["per_rank"] == {"5": {"lost_unknown": "full"}}
+    assert "the store refused writes for lack of memory (a Redis at its maxmemory) and rank(s) 5 went silent" \
+        in f.message
+
+
 def test_only_ring_overwrites_is_a_healthy_trace():
     b = finished()
     b.add(0, b.t0 + S, "dropped", count=5, total=5, reason="Flight Recorder ring overwritten between polls")

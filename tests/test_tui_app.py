@@ -211,13 +211,13 @@ def test_the_timeline_and_rank_table_keys_work_whichever_pane_has_the_focus():
         await pilot.pause()
         assert tl.only_findings and sorted(int(r.key[1:]) for r in tl.rows) == [2]
         # (the pane says what it hides while it hides it: a toast said it, helper-188)
-        assert app.top.border_title == "timeline  [dim](x: only the 1 rank(s) named in findings)[/dim]"
+        assert app.top.border_title == "timeline  [dim](x: only the 1 rank named in findings)[/dim]"
         # (the palette's entry too: it went round the title, helper-194)
         (entry,) = [c for c in app.get_system_commands(app.screen) if c.title == "Timeline: only ranks with findings"]
         entry.callback()
         assert not tl.only_findings and app.top.border_title == "timeline"
         entry.callback()
-        assert tl.only_findings and app.top.border_title.startswith("timeline  [dim](x: only the 1 rank(s)")
+        assert tl.only_findings and app.top.border_title.startswith("timeline  [dim](x: only the 1 rank named")
         await pilot.press("s")
         await pilot.pause()
         assert table._sort_col != sort
@@ -533,7 +533,7 @@ def test_the_header_says_a_trace_reused_op_ids(tmp_path):
 
     async def check(pilot):
         assert [(f.kind, f.culprits) for f in app.findings] == [("missing_ranks", [1])]
-        assert "· 1 reused op ids " in str(app.header_bar.render())
+        assert "· 1 reused op id " in str(app.header_bar.render())  # (one id: "1 reused op ids" before)
 
     drive(app, check, size=(160, 30))
 
@@ -1055,7 +1055,7 @@ def test_thousands_of_ranks_are_summarized_by_behaviour_and_every_key_works():
         assert tl.mode == "behaviour"
         assert [r.key for r in tl.rows[:8]] == ["r2050"] + [f"r{r}" for r in range(2048, 2056) if r != 2050]
         (rest,) = tl.rows[8:]
-        assert len(rest.ranks) == 4088 and rest.label == "×4088" and "in all_reduce #4 (group 0)" in rest.note
+        assert len(rest.ranks) == 4088 and rest.label == "×4,088" and "in all_reduce #4 (group 0)" in rest.note
         assert "4,088 ranks (0-2047,2056-4095)" in rest.note
         # shaded from an even sample of its ranks (they do the same thing): a frame stays cheap
         sample = rest.painted_ranks()
@@ -1277,7 +1277,7 @@ def test_an_80_column_header_keeps_the_mode_and_its_clock_and_cuts_the_job_s_nam
     live = str(line(bar._parts, 80))
     assert len(live) <= 80 and "· LIVE " in live and live.rstrip().endswith("(+12.4 s)"), live
     assert long[:20] in live and "…" in live and "events" not in live, live
-    assert "4096 ranks" in str(line(bar._parts, 200)) and "123,456 events" in str(line(bar._parts, 0))
+    assert "4,096 ranks" in str(line(bar._parts, 200)) and "123,456 events" in str(line(bar._parts, 0))
     # (a name of wide characters is cut by cells, and a narrow line cuts the name to a letter
     # before the clock: 114 cells at 80, and the clock gone below ~57 columns, helper-189)
     from rich.cells import cell_len

@@ -178,6 +178,13 @@ def find_incomplete(model: TraceModel, now: int, stopped: bool = False, wall_ns:
         if went_on or stopped:
             per_rank.setdefault(r, {})["no_exit"] = True
             per_rank[r]["last_event_ns"] = int(rt.last_ts)
+    for r in [r for r, d in per_rank.items() if d.get("refused")]:  # (a stream listed, nothing of it read)
+        d = per_rank[r]
+        del d["refused"]
+        if ended:  # (every write of it refused, maybe: it is read to its end; helper-205)
+            d["lost_unknown"] = "full"
+        elif not d:
+            del per_rank[r]
     if not per_rank:
         return []
     ranks = sorted(per_rank)  # (the ranks the finding names)

@@ -25,7 +25,7 @@ from commscope.analysis.hangs import drawn_in
 from commscope.analysis.liveness import find_dead, find_unwaited
 from commscope.analysis.model import TraceModel
 from commscope.analysis.modelcheck import find_model_mismatches
-from commscope.analysis.p2p import find_p2p
+from commscope.analysis.p2p import find_p2p, find_p2p_sizes
 from commscope.analysis.rankstate import snapshot
 from commscope.analysis.rootcause import resolve
 from commscope.analysis.snapshots import qualify
@@ -78,7 +78,7 @@ def diagnose(model: TraceModel, now: int | None = None, hang_after: float | None
     drawn = drawn_in(model, now, hang_ns, hangs)
     if drawn:  # (ranks a hang waits on, blocked a moment less than hang_after: part of it)
         hangs = find_missing(model, now, hang_ns, mismatch_rows, drawn) + find_p2p(model, now, hang_ns, drawn)
-    findings += hangs
+    findings += hangs + find_p2p_sizes(model, now)
     failures = failed_instances(model, now, mismatch_rows, hang_ns)
     findings += find_failed_ops(model, now, failures)
     findings += find_crashes(model, now, failures)

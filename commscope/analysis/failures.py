@@ -44,6 +44,7 @@ from commscope.analysis.findings import (
     WARNING,
     Finding,
     activity,
+    doing_instead,
     no_such_peer_text,
     op_brief,
     rank_stack,
@@ -87,7 +88,7 @@ class OpFailed(Evidence):
         parts.append(Text("blame  ", style=evidence.DIM)
                      + Text(f"{self.blame.get('text', '?')}", style=f"bold {evidence.WARN}"))
         for c, act in self.culprit_activity.items():
-            parts.append(Text(f"rank {c} is {act.get('text', '?')}", style=evidence.GREY))
+            parts.append(Text(doing_instead([int(c)], {str(c): {"text": act.get("text", "?")}}), style=evidence.GREY))
         if self.later_failures:
             parts.append(Text(f"{self.later_failures} later failed instances with the same blame",
                               style=evidence.FAINT))
@@ -494,6 +495,23 @@ def failed_instances(model: TraceModel, now: int, mismatch_rows: dict[tuple, lis
     return out
 
 
+#: the distinct exceptions an op_failed's message quotes, with their ranks (the rest in its evidence)
+SAID_EXCEPTIONS = 3
+
+
+def _each_said(excs: dict[int, str]) -> str:
+    """The ranks that failed with what they raised: "ranks 0, 1, 2 (X)" where all raised
+    alike, else each exception once with its ranks, "rank 0 (X) and ranks 1, 2 (Y)": the
+    first rank's was quoted for all, and rank 0's wrong list size read as what ranks 1 and 2
+    raised, where their connection closed (helper-203)."""
+    said: dict[str, list[int]] = {}
+    for r in sorted(excs):
+        said.setdefault(first_line(excs[r], 120), []).append(r)
+    parts = [f"{ranks_text(rs)} ({line})" for line, rs in list(said.items())[:SAID_EXCEPTIONS]]
+    more = sum(len(rs) for rs in list(said.values())[SAID_EXCEPTIONS:])
+    return " and ".join(parts) + (f" and {more:,} rank(s) more, each in the evidence" if more else "")
+
+
 def find_failed_ops(model: TraceModel, now: int, failures: list[Failure]) -> list[Finding]:
     """One ``op_failed`` per blame: the first failed instance in full, later ones counted."""
     groups: dict[tuple, list[Failure]] = {}
@@ -511,7 +529,7 @@ def find_failed_ops(model: TraceModel, now: int, failures: list[Failure]) -> lis
         if f.key[0] == "coll" and len(ops) > 1:  # (ranks that called different ops there: a mismatch's)
             where = f"collective #{seq} of group {s.group} ({', '.join(ops)})"
         excs = {r: model.ranks[r].exc[i] for r, i in f.failed.items()}
-        msg = (f"{where} failed on {ranks_text(f.failed)} ({first_line(excs[r0], 120)}); "
+        msg = (f"{where} failed on {_each_said(excs)}; "
                + (f"blamed on {ranks_text(f.blame.culprits)}: " if f.blame.culprits else
                   "not blamed yet: " if f.blame.reason == "pending" else "no rank to blame: ")
                + f.blame.text)

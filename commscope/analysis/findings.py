@@ -134,7 +134,7 @@ def doing_instead(ranks: list[int], activities: dict[str, dict[str, Any]]) -> st
 
 
 #: The states said as something a rank did, not something it is ("rank 1 has exited (...)")
-_DONE_STATES = ("exited", "crashed")
+_DONE_STATES = ("exited", "crashed", "left its process group")
 
 
 def _verb(text: str, n: int) -> str:

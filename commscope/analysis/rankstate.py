@@ -839,7 +839,7 @@ def _present(m: TraceModel, rank: int, now: int) -> RankState:
         if crash(m, rank) is not None:
             what = ex.get("signal") or ex.get("exc") or ex.get("reason")
             return RankState("crashed", f"crashed ({what})", m.last_op(rank, completed=False), int(ex["ts"]))
-        return RankState("exited", f"exited ({exit_words(ex)})", m.last_op(rank), int(ex["ts"]))
+        return RankState("exited", exited_text(ex), m.last_op(rank), int(ex["ts"]))
     if cur is not None:
         return _blocked_state(m, rank, cur, now)
     last = m.last_op(rank)
@@ -919,6 +919,16 @@ def _blocked_state(m: TraceModel, rank: int, i: int, t: int) -> RankState:
 EXIT_WORDS = {"uninstrument": "recording stopped"}
 
 
+def exited_text(ex: dict) -> str:
+    """A rank's state after its exit, in words: a rank that destroyed its process group
+    "left its process group", which is not its process exiting: it may run on, as one
+    that destroyed its group early did while its peers went on ("rank 1 is exited
+    (destroy_process_group)", helper-203)."""
+    if ex.get("reason") == "destroy_process_group" and not ex.get("code") and not ex.get("stop_signal"):
+        return "left its process group (destroy_process_group)"
+    return f"exited ({exit_words(ex)})"
+
+
 def exit_words(ex: dict) -> str:
     """How a rank left, in words ('atexit', 'atexit, code 3'): its reason, and its exit
     code where it is not 0 (``sys.exit(3)``: the code the launcher reports); stopped by a
@@ -944,9 +954,10 @@ def ending(m: TraceModel, rank: int, now: int, state: RankState | None = None) -
     runs.  ``state``: the rank's state when the caller has it (as of a replay cursor).  The
     whole story (the exception, the stack) is in the findings."""
     st = state or rank_state(m, rank, now)
-    if st.kind == "exited":
-        ex = exited(m, rank) or {}
-        return f"exited ({exit_words(ex)})"
+    if st.kind == "exited":  # (the exit the state is of: a replay's cursor may be before a later one)
+        rt = m.ranks.get(rank)
+        ex = next((e for e in reversed(rt.exits) if int(e["ts"]) == st.since_ns), None) if rt else None
+        return f"exited ({exit_words(ex or exited(m, rank) or {})})"
     if st.kind == "crashed":
         ex = exited(m, rank) or {}
         if ex.get("signal"):
@@ -1002,7 +1013,7 @@ def _as_of(m: TraceModel, rank: int, t: int) -> RankState:
         if is_crash(ex):
             return RankState("crashed", f"crashed ({ex.get('signal') or ex.get('exc') or ex.get('reason')})", None,
                              int(ex["ts"]))
-        return RankState("exited", f"exited ({exit_words(ex)})", None, int(ex["ts"]))
+        return RankState("exited", exited_text(ex), None, int(ex["ts"]))
     if rt.last_hb and t >= max(rt.last_hb, rt.last_ts) and is_dead(m, rank, t):
         return _present(m, rank, t)  # past its last word: the present answer is the answer
     last = _last_done_before(m, rank, t)

@@ -191,6 +191,11 @@ def compute_report(model: TraceModel, top_sites: int = 10) -> dict[str, Any]:
         ranks_rows[str(r)] = row
     sites = sorted(site_wait.items(), key=lambda kv: -kv[1][0])[:top_sites]
     history = summarized_history(model)
+    if history:  # (each rank's part of it: how many ops retention summarized of it, helper-204)
+        for r, row in ranks_rows.items():
+            rt = model.ranks.get(int(r))
+            row["summarized"] = sum(op.get("count", 0) for s in (rt.summaries if rt else ())
+                                    for op in s.get("ops", ()))
     first, last = model.own_bounds()  # (the job's own ranks' span: a foreign stream's may be a day off)
     return {
         **({"history": history} if history else {}),

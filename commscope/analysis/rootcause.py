@@ -167,13 +167,16 @@ def resolve(model: TraceModel, findings: list[Finding], now: int,
     mism = {("coll", 1 if f.evidence.get("src") == "fr" else 0, f.group, f.seq): f
             for f in errors if f.kind == "collective_mismatch"}
     by_group = {(k[1], k[2]): f for k, f in mism.items()}
+    #: a send and a recv whose sizes differ (``p2p.find_p2p_sizes``), by its pairs' instances:
+    #: as a mismatch, the root of what happened there (the receiver Gloo aborted: helper-203)
+    sized = {k: f for f in errors if _sized(f) for k in f.instances}
     keep: list[Finding] = []
     #: a rank whose departure a mismatch absorbed -> that mismatch: the root of what names the
     #: rank later, as a departure finding is (rule 3; a world collective failing after a
     #: subgroup's mismatch aborted its ranks stood beside it, blamed on them, helper-176)
     died_in: dict[int, Finding] = {}
     for f in errors:
-        if f.kind == "collective_mismatch":
+        if f.kind == "collective_mismatch" or _sized(f):
             keep.append(f)
             continue
         insts = f.instances + (_departure_instances(model, f) if f.kind in DEPARTED else ())
@@ -181,6 +184,9 @@ def resolve(model: TraceModel, findings: list[Finding], now: int,
         for k in insts:
             if k[0] == "coll" and (k[1], k[2], k[3]) in mismatch_rows:
                 target = by_group.get((k[1], k[2]))
+                break
+            if k in sized:
+                target = sized[k]
                 break
         if target is None and f.kind in DEPARTED:
             target = next((m for m in mism.values() if f.culprits[0] in m.evidence.get("died_in_it", ())), None)
@@ -216,9 +222,13 @@ def resolve(model: TraceModel, findings: list[Finding], now: int,
     def roots_of(f: Finding) -> set[int] | None:
         if f.kind == "op_failed" and f.evidence.get("blame", {}).get("reason") == "local":
             return set(f.culprits)  # (its own doing: what its rank waits on later explains none of it)
+        if "wait_cycle" in f.evidence:
+            # (its ranks wait on each other: one that timed out and crashed led the walk to the
+            # other, and the finding named one of them, the other its victim: helper-205)
+            return set(f.culprits)
         out: set[int] = set()
         for c in f.culprits:
-            if f.kind in ("op_failed", "collective_mismatch") and went_on(c, f.ts):
+            if (f.kind in ("op_failed", "collective_mismatch") or _sized(f)) and went_on(c, f.ts):
                 # (where it went after the failure, or the call that did not match, explains
                 # none of it: a broadcast's root that passed the wrong size went on to the next
                 # all_reduce, which failed on the ranks the mismatch aborted, and the mismatch
@@ -400,6 +410,8 @@ def resolve(model: TraceModel, findings: list[Finding], now: int,
                 None) or deadlock_of(f.culprits)
             if target is None:
                 _split_deadlock(f, [c for c in f.culprits if deadlock_of([c]) is not None])
+                _split_deadlock(f, [c for c in f.culprits if crossing_of([c]) is not None], "in a wait cycle of "
+                                "groups' collectives")  # (named twice besides a rank idle: helper-205)
             if target is None and (cycle := cycles(frozenset(f.culprits))) is not None:
                 target, peers, idle, chosen = cycle
                 if idle:  # (others never came besides, idle: the hang is theirs; the blocked are not)
@@ -453,6 +465,11 @@ def resolve(model: TraceModel, findings: list[Finding], now: int,
         if f.severity == ERROR:  # (a trace_incomplete: its ranks' stacks as every error finding has them)
             attach_stacks(model, f, now)
     return sorted(final + rest, key=Finding.sort_key)
+
+
+def _sized(f: Finding) -> bool:
+    """A send and a recv whose sizes differ (``p2p.find_p2p_sizes``): a mismatch of a pair."""
+    return f.kind == "unmatched_p2p" and "sizes" in f.evidence
 
 
 def _held_in(model: TraceModel, key: tuple) -> list[int]:
@@ -561,6 +578,13 @@ def _crossed(model: TraceModel, errors: list[Finding]) -> list[Finding]:
             of_group.setdefault(group[k], []).append(k)
         score = {g: len({v for k in ks for v in victims[k]}) - len({c for k in ks for c in culprits[k] if c in inside})
                  for g, ks in of_group.items()}
+        # (a step its sibling groups took: the hang's absentees skipped it; and so every hang of
+        # the cycle that waits on those alone, as a 2-d mesh's tp and dp hangs on the rank that
+        # skipped a step of both, helper-186)
+        skipped = {c for k in part if _siblings_took(model, nodes[k][0].instances[0]) for c in culprits[k]}
+        for g, ks in of_group.items() if skipped else ():
+            if all(set(culprits[k]) <= skipped for k in ks):
+                score[g] += len(model.ranks) + 1
         best = max(score.values())
         chosen = sorted(k for k in part if score[group[k]] == best)  # (in the errors' order)
         # (of those, one whose absentees all wait in another of them is its consequence: rank 3
@@ -571,6 +595,13 @@ def _crossed(model: TraceModel, errors: list[Finding]) -> list[Finding]:
         waits = set(waited)  # (the demoted's waiters too: they wait, through them, on the rest)
         if held_in and len(held_in) < len(chosen):
             chosen = [k for k in chosen if k not in held_in]
+        grew = True  # (and those of a hang that waits only on ranks that wait, through others, on the root)
+        while grew:
+            grew = False
+            for k in part:
+                if k not in chosen and set(culprits[k]) <= waits and not victims[k] <= waits:
+                    waits |= victims[k]
+                    grew = True
         others = [k for k in part if k not in chosen]
         # (a consequence's absentee the root does not hold may be another hang's, outside the
         # cycle: an idle rank 4 whose group waits for it; helper-184: the cycle was skipped; or
@@ -607,12 +638,39 @@ def _crossed(model: TraceModel, errors: list[Finding]) -> list[Finding]:
             for f in errors:
                 if f.kind == "rank_crashed" and f.instances:
                     crashes.setdefault(f.instances[0], []).append(f)
-        crashed = [c for f in then if f.kind == "op_failed" for c in crashes.get(f.instances[0], ())
-                   if _crashed_of(model, c)]
+        # (a cycle's own failures too: its ranks timed out in it and crashed of it, together)
+        crashed = [c for f in (then if others else (root, *more, *then)) if f.kind == "op_failed"
+                   for c in crashes.get(f.instances[0], ()) if _crashed_of(model, c)]
         if then or crashed:
             _absorb(root, *then, *crashed)
         folded |= {id(f) for f in (*more, *then, *crashed)}
     return [f for f in errors if id(f) not in folded] if folded else errors
+
+
+def _siblings_took(model: TraceModel, key: tuple) -> bool:
+    """Whether collective ``key`` ("coll", space, group, seq) is a step the group's siblings
+    took: groups of as many ranks, none of them its (``new_subgroups``' partition of the
+    world), each member of one having completed that seq of it.  Then a member absent from
+    it skipped the step, whatever more ranks wait elsewhere: rank 3 skipped its subgroup
+    {2, 3}'s third all_reduce, which {0, 1} ran, and went into the world's, where ranks 0, 1
+    and 3 waited for rank 2, and rank 2, which did as its sibling group did, was named
+    (helper-203, ``new_subgroups``)."""
+    if key[0] != "coll" or key[3] is None:
+        return False
+    space, group, seq = key[1], key[2], key[3]
+    members = model.groups.get(group)
+    if not members or len(members) >= len(model.ranks):
+        return False
+    mine = set(members)
+    for name, theirs in model.groups.items():
+        if name == group or len(theirs) != len(members) or mine.intersection(theirs):
+            continue
+        gi = model.coll.get((space, name))
+        at = gi.at(seq) if gi is not None else {}
+        if len(at) == len(theirs) and all(
+                (rt := model.ranks.get(r)) is not None and rt.comp[i] and i not in rt.exc for r, i in at.items()):
+            return True
+    return False
 
 
 def _hang_like(f: Finding) -> bool:
@@ -991,16 +1049,17 @@ def _split_cycle(f: Finding, peers: frozenset[int], idle: list[int], chosen: lis
     _narrow(f, list(idle), peers, f"{ranks_text(blocked)} {'is' if len(blocked) == 1 else 'are'} blocked in a wait cycle through it")
 
 
-def _split_deadlock(f: Finding, held: list[int]) -> None:
-    """A ``missing_ranks`` some of whose culprits are ranks of a ``p2p_deadlock`` (``held``)
-    and the rest not (idle): it names the rest; the deadlock's ranks are that finding's
-    culprits, not this one's (rank 0 in the barrier; ranks 1 and 2 send to each other, rank
-    3 to 2, rank 4 idle: the hang named ranks 1, 2 and 4 beside the deadlock naming 1 and
-    2).  All of them held: it folds into the deadlock instead (``deadlock_of``)."""
+def _split_deadlock(f: Finding, held: list[int], where: str = "in a p2p deadlock") -> None:
+    """A ``missing_ranks`` some of whose culprits are ranks of a ``p2p_deadlock`` (``held``;
+    or of a wait cycle of groups' collectives, ``_crossed``) and the rest not (idle): it
+    names the rest; the deadlock's ranks are that finding's culprits, not this one's (rank 0
+    in the barrier; ranks 1 and 2 send to each other, rank 3 to 2, rank 4 idle: the hang
+    named ranks 1, 2 and 4 beside the deadlock naming 1 and 2).  All of them held: it folds
+    into the deadlock instead (``deadlock_of``, ``crossing_of``)."""
     if not held or len(held) == len(f.culprits):
         return
     rest = [r for r in f.culprits if r not in held]
-    _narrow(f, rest, held, f"{ranks_text(held)} {'is' if len(held) == 1 else 'are'} in a p2p deadlock")
+    _narrow(f, rest, held, f"{ranks_text(held)} {'is' if len(held) == 1 else 'are'} {where}")
 
 
 def _narrow(f: Finding, culprits: list[int], elsewhere: Iterable[int], why: str) -> None:

@@ -79,6 +79,7 @@ _STAT_COLS = [
 ]
 _RANK_COLS = [
     Column("ops", "count", "n", ALWAYS),
+    Column("summarized", "summarized", "n0", 7),  # (ops of deleted segments: a trace with history only)
     Column("bytes", "bytes", "b", 6),
     Column("busy", "busy_s", "t", 4),
     Column("op p50", "latency_p50_s", "t", 7),

@@ -118,6 +118,11 @@ def build_env(args: argparse.Namespace, base: dict[str, str] | None = None, nati
             except ValueError as exc:
                 raise UsageError(f"--{flag}: {exc}") from None
             env[name] = value
+        elif env.get(name, "").strip():  # (the ranks read it: one they cannot keeps all history, each rank
+            try:  # saying so apart, and run said "keeping all", no reason given: helper-204)
+                parse(env[name])
+            except ValueError as exc:
+                raise UsageError(f"${name}={env[name]!r}: {exc} (set it to what --{flag} takes, or unset it)") from None
     if args.no_flight_recorder:
         env["COMMSCOPE_FLIGHT_RECORDER"] = "0"
     elif not native:

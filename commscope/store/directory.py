@@ -773,6 +773,9 @@ class DirectoryReader(TraceReader):
         #: stream -> (segment number, window start, its keyframe there): looked up once a window
         self._keyframes: dict[Stream, tuple[int, int, keyframes.Keyframe | None]] = {}
         self._summaries_due = False  # listed again since the summaries were last read
+        #: streams whose segment being read was deleted since the listing (retention): not read
+        #: on past it until the next listing, which ``read_all`` makes at once
+        self._vanished: set[Stream] = set()
         self._job: dict | None = None
         self._job_failed = False
         self._refused: set[str] = set()  # rank files that are not regular files (warned once)
@@ -1081,8 +1084,11 @@ class DirectoryReader(TraceReader):
             if not again and self.job_dir is not None:
                 data = inflight.made(self.job_dir, stream, segs, number)
         if data is None:
-            if not again:
+            if not again and os.path.exists(entered.path):
                 self.stats.count_uncarried(stream[0], number)
+            # (else retention deleted the segment entered, then the carry before it, since the
+            # listing: the next listing jumps over it with the carry it kept; a check of a
+            # healthy live job said what a rank was in not known, exit 1, helper-204)
             return
         self._take_carry(stream, data, after_id)
 
@@ -1270,6 +1276,7 @@ class DirectoryReader(TraceReader):
         ~45 ms here."""
         out: list[Event] = []
         budget = max_bytes
+        self._vanished.clear()  # (those of this poll)
         with gc_paused():  # see events.gc_paused: 2x faster on large batches
             streams = list(self.streams().items())
             n = len(streams)
@@ -1470,11 +1477,21 @@ class DirectoryReader(TraceReader):
         cur = self._current((rank, 0), segs)
         return cur.number == segs[-1].number and size_of(cur.path) <= self._read_of.get(((rank, 0), cur.number), 0)
 
+    #: listings again a whole read makes for streams whose segment vanished as it was read
+    #: (each a retention pass that deleted the next oldest as this reader reached it)
+    RELISTS = 8
+
     def read_all(self) -> list[Event]:
         """Everything in the job (from the window on), treating an incomplete last line as
         truncated."""
         self._summaries_due = True
         events = self.poll()
+        for _ in range(self.RELISTS):
+            if not self._vanished:
+                break
+            # (a segment retention deleted as it was read: listed again, the stream jumps over
+            # it and reads on; before, a whole read stopped the stream there, helper-204)
+            events.extend(self.poll())
         while self._summaries_due:  # (summary files longer than a poll reads: all of them, before any is gone)
             offsets = dict(self._summary_offsets)
             events.extend(self._read_summaries())
@@ -1774,6 +1791,7 @@ class DirectoryReader(TraceReader):
                     # deleted since the listing (retention): not read to its end, so the stream
                     # is not moved on past it here but by the next listing, which jumps over it
                     # with its carry and what it read before (``_enter``)
+                    self._vanished.add(stream)
                     return [], 0, False
                 except OSError:
                     return [], 0, True

@@ -27,7 +27,7 @@ import math
 import subprocess
 import time
 from collections import deque
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -1425,15 +1425,17 @@ class RedisReader(TraceReader):
                 "a rank that died before it never will)")
 
     def _refused(self, nodes: Nodes, ends: dict[Stream, int]) -> None:
-        """The streams whose writers said no end and whose node refuses writes for lack of
-        memory, or has refused some since it started (``refusing``): their last events may
-        never have reached it, their exits among them (they wait in their hosts' spools), so
-        a rank gone that way is not known to have lost nothing (``ReadStats.refused_by_rank``,
-        looked at again on every look at the ends: a node given memory since refuses no
-        more).  A check from another host read a job that wrote 14% of its ops as healthy,
-        exit 0 (helper-197)."""
+        """The streams whose writers said no end and whose node is full and refuses writes
+        for lack of memory (``refusing``): their last events may never have reached it, their
+        exits among them (they wait in their hosts' spools), so a rank gone that way is not
+        known to have lost nothing (``ReadStats.refused_by_rank``, looked at again on every
+        look at the ends: a node given memory since refuses no more).  A check from another
+        host read a job that wrote 14% of its ops as healthy, exit 0 (helper-197).  Not of a
+        node that refused some since it started and is not full now: those refusals are the
+        server's, any job's, and a job merely killed failed check over them (helper-205)."""
         streams = getattr(self, "_streams", ())
-        full = refusing(nodes) if self.keys is Keys and len(ends) < len(streams) else {}
+        look = self.keys is Keys and any(st not in ends for st in streams)  # (a part's streams: a shard's)
+        full = {a for a, r in refusing(nodes).items() if r.now} if look else set()
         counts: dict[int, int] = {}
         for stream in streams if full else ():
             if stream not in ends and nodes.node(self.keys.stream(self.job_id, *stream)) in full:
@@ -1728,13 +1730,22 @@ def evicting_policy(nodes: Nodes, key: str | bytes = Keys.JOBS) -> str | None:
 FULL_SHARE = 0.95
 
 
+class Refusal(NamedTuple):
+    """What a node that refuses writes for lack of memory says (``refusing``)."""
+
+    words: str
+    #: full now (over its ``maxmemory``, or near it having refused some): not only a count of
+    #: refusals since it started, which are the server's, any job's (helper-205)
+    now: bool
+
+
 def full_nodes(nodes: Nodes) -> str | None:
     """What the nodes of the store that refuse writes for lack of memory say (``refusing``),
     in one line; None where none refuses, or where none says."""
-    return "; ".join(refusing(nodes).values()) or None
+    return "; ".join(r.words for r in refusing(nodes).values()) or None
 
 
-def refusing(nodes: Nodes) -> dict[Address, str]:
+def refusing(nodes: Nodes) -> dict[Address, Refusal]:
     """The nodes of the store that refuse writes for lack of memory, each with what it says:
     over its ``maxmemory`` (``INFO memory``), or near it having refused some (``INFO
     errorstats``, ``errorstat_OOM``, Redis 6.2+, since it started), or having refused some at
@@ -1743,7 +1754,7 @@ def refusing(nodes: Nodes) -> dict[Address, str]:
     89% of ops never stored, the cause said nowhere).  Not of a node that evicts keys
     (``allkeys-*``: full by design, ``evicting_policy`` says it).  Its words hold no figure
     that moves while ranks retry: a console says a warning once by its text (helper-199)."""
-    said: dict[Address, str] = {}
+    said: dict[Address, Refusal] = {}
     for address, info in nodes.each_master("INFO", "memory").items():
         fields = _info_fields(info)
         if fields.get("maxmemory_policy", "").startswith("allkeys-"):
@@ -1757,10 +1768,11 @@ def refusing(nodes: Nodes) -> dict[Address, str]:
         refused = int(oom["count"]) if oom.get("count", "").isdigit() else 0
         where = f"node {address[0]}:{address[1]} " if len(nodes.masters()) > 1 else ""
         if most and (used > most or refused and used >= FULL_SHARE * most):
-            said[address] = f"{where}is full (maxmemory {size(most)}) and refuses writes for lack of memory"
+            said[address] = Refusal(f"{where}is full (maxmemory {size(most)}) and refuses writes for lack of memory",
+                                    True)
         elif refused:
-            said[address] = (f"{where}has refused writes for lack of memory since it started (maxmemory "
-                             f"{size(most) if most else 'since raised or lifted'})")
+            said[address] = Refusal(f"{where}has refused writes for lack of memory since it started (maxmemory "
+                                    f"{size(most) if most else 'since raised or lifted'})", False)
     return said
 
 

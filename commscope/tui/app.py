@@ -30,8 +30,9 @@ from commscope.analysis.source import Loading
 from commscope.tui.detail import DetailPane, finding_detail, history_detail, op_detail, warnings_detail
 from commscope.tui.feed import LIVE, REPLAY, Feed, FeedInfo, FeedUpdated
 from commscope.tui.findings_panel import FindingsPanel, finding_key, same_finding
+from commscope.tui.fmt import count
 from commscope.tui.gpu_panel import GpuPanel
-from commscope.tui.header import StatusHeader
+from commscope.tui.header import StatusHeader, read_losses
 from commscope.tui.loadbar import LoadBar
 from commscope.tui.rank_table import RankTable
 from commscope.tui.ruler import Ruler
@@ -257,8 +258,8 @@ class CommscopeApp(App):
             return f"the trace could not be read: {info.error}"
         if info.mode == REPLAY and info.loaded and self.feed.model.events == 0:
             if info.corrupt or info.invalid:
-                skipped = [f"{n:,} {what}" for n, what in ((info.corrupt, "damaged lines"),
-                                                           (info.invalid, "invalid events")) if n]
+                skipped = [count(n, what) for n, what in ((info.corrupt, "damaged line"),
+                                                          (info.invalid, "invalid event")) if n]
                 return f"no readable event ({' and '.join(skipped)} skipped)"
             return "the trace holds no events"
         return None
@@ -483,9 +484,12 @@ class CommscopeApp(App):
         self.detail.show(history_detail(rows, *shown), "history")
 
     def action_read_warnings(self) -> None:
-        """What reading the store said, in the detail pane: events lost or trimmed with their
-        cause, a reconnection, a read process lost (the header counts them)."""
-        self.detail.show(warnings_detail(self.info.warnings, self.info.warnings_total), "read warnings")
+        """What reading the store said, in the detail pane: what kept the trace from being
+        read, the lines and events the header counts as skipped, events lost or trimmed with
+        their cause, a reconnection, a read process lost (the header counts them)."""
+        self.detail.show(warnings_detail(self.info.warnings, self.info.warnings_total,
+                                         [why for _, why in read_losses(self.info)], self._problem),
+                         "read warnings")
 
     def action_toggle_panel(self) -> None:
         sw = self.left
@@ -598,21 +602,31 @@ class CommscopeApp(App):
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)
         tl = self.timeline
+        # (title, the key and what it does: its help line, never the title again; with the
+        # title for help, the palette showed every entry twice, helper-202)
         entries = [
-            ("Help: key bindings", "every key and the timeline colours", self.action_help),
-            ("Timeline: zoom in", "", tl.action_zoom_in), ("Timeline: zoom out", "", tl.action_zoom_out),
-            ("Timeline: pan left", "", tl.action_pan_left), ("Timeline: pan right", "", tl.action_pan_right),
-            ("Timeline: follow live / jump to now", "", tl.action_follow),
-            ("Timeline: next op", "", tl.action_select_next), ("Timeline: previous op", "", tl.action_select_prev),
-            ("Timeline: rows by rank / behaviour / node / block", "", tl.action_collapse),
-            ("Timeline: only ranks with findings", "", self.action_filter_findings),
-            ("Findings: next error", "", self.action_next_error),
-            ("Panels: switch ranks / GPU", "", self.action_toggle_panel),
-            ("Ranks: sort by next column", "", self.ranks_table.action_cycle_sort),
-            ("Replay: play / pause", "", self.action_play_pause), ("Replay: faster", "", self.action_faster),
-            ("Replay: slower", "", self.action_slower), ("Replay: step to next op", "", self.action_step_next),
-            ("Replay: step to previous op", "", self.action_step_prev),
-            ("Replay: jump to start", "", self.action_jump_start), ("Replay: jump to end", "", self.action_jump_end),
+            ("Help: key bindings", "?: every key and the timeline colours", self.action_help),
+            ("Timeline: zoom in", "+ or i: around the selection, the cursor or now", tl.action_zoom_in),
+            ("Timeline: zoom out", "- or o", tl.action_zoom_out),
+            ("Timeline: pan left", "h or shift+←: stops following", tl.action_pan_left),
+            ("Timeline: pan right", "l or shift+→: stops following", tl.action_pan_right),
+            ("Timeline: follow live / jump to now", "f", tl.action_follow),
+            ("Timeline: next op", "→: on the highlighted rank", tl.action_select_next),
+            ("Timeline: previous op", "←: on the highlighted rank", tl.action_select_prev),
+            ("Timeline: rows by rank / behaviour / node / block", "c: then the heatmap", self.action_collapse),
+            ("Timeline: only ranks with findings", "x", self.action_filter_findings),
+            ("Findings: next error", "e", self.action_next_error),
+            ("Panels: switch ranks / GPU", "r", self.action_toggle_panel),
+            ("Panels: history", "H: what retention summarized, what the window did not read", self.action_history),
+            ("Panels: read warnings", "w: what reading the store said, and what the header counts as skipped",
+             self.action_read_warnings),
+            ("Ranks: sort by next column", "s (or click a header)", self.ranks_table.action_cycle_sort),
+            ("Replay: play / pause", "space", self.action_play_pause),
+            ("Replay: faster", "]", self.action_faster), ("Replay: slower", "[", self.action_slower),
+            ("Replay: step to next op", "n: the next op begin on any rank", self.action_step_next),
+            ("Replay: step to previous op", "p: the previous op begin on any rank", self.action_step_prev),
+            ("Replay: jump to start", "g or home", self.action_jump_start),
+            ("Replay: jump to end", "G or end", self.action_jump_end),
         ]
         for title, help_text, cb in entries:
-            yield SystemCommand(title, help_text or title, cb)
+            yield SystemCommand(title, help_text, cb)

@@ -10,7 +10,6 @@ from typing import Any
 
 import numpy as np
 from rich.console import Group, RenderableType
-from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 from textual.containers import VerticalScroll
@@ -24,7 +23,7 @@ from commscope.analysis.findings import culprits_text, ranks_text
 from commscope.analysis.model import TraceModel, untimed
 from commscope.analysis.stacks import fold
 from commscope.tui import palette
-from commscope.tui.fmt import clock, duration, size
+from commscope.tui.fmt import clock, count, duration, size
 from commscope.visible import visible
 
 
@@ -70,7 +69,7 @@ def site_latency(model: TraceModel, rank: int, i: int, width: int = 36) -> tuple
     for b, v in enumerate(peaks.tolist()):
         ch = SPARK_BARS[min(len(SPARK_BARS) - 1, int(v / hi * (len(SPARK_BARS) - 1) + 0.5))]
         text.append(ch, style="bold #ffd75f" if b == mine else "#6fa8dc")
-    summary = (f"{d.shape[0]:,} ops · p50 {duration(float(np.median(d)))} · max {duration(float(d.max()))}"
+    summary = (f"{count(d.shape[0], 'op')} · p50 {duration(float(np.median(d)))} · max {duration(float(d.max()))}"
                + (f" · this one {duration(float(d[here[0]]))}" if here.shape[0] else ""))
     return text, summary
 
@@ -193,7 +192,7 @@ def op_detail(model: TraceModel, rank: int, i: int, now: int) -> RenderableType:
         if len(everyone) > SAME_OP_ROWS:  # (4,096 rows took Rich ~10 s to lay out, a frozen console: helper-165)
             late = sorted(everyone, key=lambda r: (-begins[r], r))[:SAME_OP_ROWS - 1]
             shown = late + ([rank] if rank not in late else [])
-            title += f": the last {len(late):,} of {len(everyone):,} to arrive"
+            title += f": the last {count(len(late))} of {count(len(everyone))} to arrive"
         parts.append(Text(title, style="bold grey70"))  # (a line of its own: a table's title wraps at its width)
         t = Table(box=None, padding=(0, 1), show_edge=False)
         for col in ("rank", "arrived", "state", "duration"):
@@ -212,9 +211,9 @@ def op_detail(model: TraceModel, rank: int, i: int, now: int) -> RenderableType:
         if len(everyone) > SAME_OP_ROWS:
             skews = np.fromiter((b - first for b in begins.values()), dtype=np.int64, count=len(begins))
             flying = sum(not int(model.ranks[r].comp[j]) for r, j in everyone.items())
-            parts.append(Text(f"{len(everyone):,} ranks arrived over +{duration(latest - first)} (p50 "
+            parts.append(Text(f"{count(len(everyone), 'rank')} arrived over +{duration(latest - first)} (p50 "
                               f"+{duration(float(np.median(skews)))}, p99 +{duration(float(np.percentile(skews, 99)))}"
-                              f"); {len(everyone) - flying:,} done, {flying:,} in flight", style="grey70"))
+                              f"); {count(len(everyone) - flying)} done, {count(flying)} in flight", style="grey70"))
         missing = sorted(set(model.members(rank, i)) - set(everyone))  # a p2p op: its two ends
         if missing:
             t.caption = f"not entered by {ranks_text(missing)}"
@@ -270,18 +269,69 @@ class DetailPane(VerticalScroll):
         return console.export_text()
 
 
-def warnings_detail(warnings: Sequence[str], total: int) -> RenderableType:
+def warnings_detail(warnings: Sequence[str], total: int, losses: Sequence[str] = (),
+                    problem: str | None = None) -> RenderableType:
     """What reading the store said (``FeedInfo.warnings``, the last of ``total``), oldest
-    first: where events were lost or trimmed, and why."""
-    if not total:
-        return Text("the reader has said nothing: no event lost, trimmed or skipped, no reconnection",
-                    style="grey50 italic")
+    first: where events were lost or trimmed, and why; under what kept the trace from being
+    read (``problem``) and what the header counts as skipped (``losses``,
+    ``header.read_losses``), so the pane never says "nothing" where the header counts some."""
     parts: list[RenderableType] = []
+    if problem:
+        parts.append(Text(f"✖ {visible(problem)}", style="bold #e05050"))
+    parts.extend(Text(f"▲ {visible(w)}", style="#e0a030") for w in losses)
+    if not total:
+        if not parts:
+            return Text("the reader has said nothing: no event lost, trimmed or skipped, no reconnection",
+                        style="grey50 italic")
+        parts.append(Text("the store's reader said nothing more (no events lost by the store, no reconnection)",
+                          style="grey50 italic"))
+        return Group(*parts)
     if total > len(warnings):
-        parts.append(Text(f"{total - len(warnings):,} earlier warning(s) not kept here; the last {len(warnings):,}:",
-                          style="grey70"))
+        parts.append(Text(f"{count(total - len(warnings))} earlier warning(s) not kept here; the last "
+                          f"{count(len(warnings))}:", style="grey70"))
     parts.extend(Text(f"▲ {visible(w)}", style="#e0a030") for w in warnings)
     return Group(*parts)
+
+
+class HistoryTable:
+    """The summarized history's rows (op, count, bytes, p50, max, failed) in the width they
+    are drawn at: a table where it fits, else a card per op, its name on a line and its
+    figures as "count 20,520" pairs, wrapped between pairs, never inside one.  A table alone
+    was cut to "all_gather_into_…  …  85.…  …" in the detail pane at 120x40 and 80x24
+    (helper-202)."""
+
+    COLUMNS = ("op", "count", "bytes", "p50", "max", "failed")
+
+    def __init__(self, rows: list[list[str]]):
+        self.rows = rows
+
+    def __rich_console__(self, console: Any, options: Any) -> Any:
+        from rich.cells import cell_len
+
+        width = options.max_width
+        widths = [max(cell_len(c), *(cell_len(row[i]) for row in self.rows)) for i, c in enumerate(self.COLUMNS)]
+        if sum(widths) + 2 * len(widths) <= width:  # (a cell of padding either side of each)
+            t = Table(box=None, padding=(0, 1), show_edge=False, header_style="bold")
+            for i, col in enumerate(self.COLUMNS):
+                t.add_column(col, justify="left" if i == 0 else "right", no_wrap=True)
+            for row in self.rows:
+                t.add_row(*(Text(c) for c in row))
+            yield t
+            return
+        for row in self.rows:
+            yield Text(row[0], style="bold", overflow="fold")
+            line = Text("  ")
+            for col, value in zip(self.COLUMNS[1:], row[1:], strict=True):
+                if not value:
+                    continue
+                pair = Text.assemble((col, "grey62"), " ", value)
+                if line.cell_len > 2 and line.cell_len + 3 + pair.cell_len > width:
+                    yield line
+                    line = Text("  ")
+                if line.cell_len > 2:
+                    line.append(" · ", style="grey50")
+                line.append_text(pair)
+            yield line
 
 
 def history_detail(rows: dict[str, dict[str, Any]], skipped_bytes: int, summarized_events: int,
@@ -293,29 +343,26 @@ def history_detail(rows: dict[str, dict[str, Any]], skipped_bytes: int, summariz
     parts: list[RenderableType] = []
     if skipped_bytes or skipped_events:
         what = " and ".join(x for x in (size(skipped_bytes) if skipped_bytes else "",
-                                        f"{skipped_events:,} events" if skipped_events else "") if x)
+                                        count(skipped_events, "event") if skipped_events else "") if x)
         parts.append(Text(f"{what} before the window not read (attach --since all, or replay "
                           "without --since, reads it)", style="grey70"))
     if gone_events:
-        parts.append(Text(f"{gone_events:,} older events before the window are gone from the store (trimmed by "
+        parts.append(Text(f"{count(gone_events)} older events before the window are gone from the store (trimmed by "
                           "maxlen, or lost): no read brings them back", style="grey70"))
     if not rows:
         parts.append(Text("no summarized history: retention deleted nothing" + (
             "" if skipped_bytes or skipped_events or gone_events else ", and the timeline holds the whole job"),
             style="grey50 italic"))
         return Group(*parts)
-    parts.append(Text(f"retention summarized {summarized_events:,} events before deleting them:", style="bold"))
-    t = Table(box=None, padding=(0, 1), show_edge=False, header_style="bold")
-    for col, just in (("op", "left"), ("count", "right"), ("bytes", "right"), ("p50", "right"), ("max", "right"),
-                      ("failed", "right")):
-        t.add_column(col, justify=just, no_wrap=True)
+    parts.append(Text(f"retention summarized {count(summarized_events, 'event')} before deleting them:", style="bold"))
     first = min((r["first_ns"] for r in rows.values() if r["first_ns"]), default=0)
     last = max((r["last_ns"] for r in rows.values()), default=0)
+    cells = []
     for name, r in rows.items():
         p50 = r["latency_p50_s"]
-        t.add_row(escape(name), f"{r['count']:,}", size(r["bytes"]), "—" if p50 is None else duration(p50 * 1e9),
-                  duration(r["latency_max_s"] * 1e9), f"{r['failed']:,}" if r["failed"] else "")
-    parts.append(t)
+        cells.append([name, count(r["count"]), size(r["bytes"]), "—" if p50 is None else duration(p50 * 1e9),
+                      duration(r["latency_max_s"] * 1e9), count(r["failed"]) if r["failed"] else ""])
+    parts.append(HistoryTable(cells))
     if first:
         def day(ns: int) -> str:
             return dt.datetime.fromtimestamp(ns / 1e9, dt.timezone.utc).strftime("%Y-%m-%d %H:%M")

@@ -8,6 +8,16 @@ from commscope.units import duration as duration  # the one duration formatter, 
 from commscope.units import size as size  # the one size formatter, re-exported for the console
 
 
+def count(n: int, one: str = "", many: str = "") -> str:
+    """'4,096', or with a noun '4,096 ranks' / '1 rank' (``many`` defaults to ``one`` + 's'):
+    the one way the console writes a count, thousands separated ("4096 ranks" beside
+    "4,095 ranks" in the findings read as two formats; helper-202)."""
+    text = f"{n:,}"
+    if not one:
+        return text
+    return f"{text} {one if n == 1 else many or one + 's'}"
+
+
 def compact_size(n: float | None) -> str:
     """'291M', '31.2G': sizes for narrow table columns."""
     if n is None or n != n:

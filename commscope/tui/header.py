@@ -11,7 +11,7 @@ from textual.widgets import Static
 
 from commscope.tui import palette
 from commscope.tui.feed import REPLAY, FeedInfo
-from commscope.tui.fmt import clock, duration, rate, size
+from commscope.tui.fmt import clock, count, duration, rate, size
 
 #: What a part of the header is worth keeping where the line is too narrow for all of it:
 #: ``ALWAYS`` (the counts, the mode and its clock or cursor, what keeps the trace from being
@@ -20,6 +20,29 @@ from commscope.tui.fmt import clock, duration, rate, size
 ALWAYS, LOSSES, NAME, WORLD, REST = range(5)
 #: The least of the job's name kept where it is cut (with its "…")
 NAME_MIN = 12
+
+
+def read_losses(info: FeedInfo) -> list[tuple[str, str]]:
+    """What the read lost or doubted, as the header counts it and as ``w`` explains it:
+    (the header's words, the pane's).  One list for both: ``w`` said "the reader has said
+    nothing: no event ... skipped" under a header counting "5 damaged lines skipped"
+    (helper-202)."""
+    out: list[tuple[str, str]] = []
+    if info.trimmed:
+        out.append(("trimmed", "trimmed: the store dropped its oldest events (a Redis stream past its maxlen)"))
+    if info.corrupt:
+        said = f"{count(info.corrupt, 'damaged line')} skipped"
+        out.append((said, f"{said}: not a readable event (cut short, overwritten, not JSON); the "
+                          "trace_incomplete finding names their ranks"))
+    if info.invalid:
+        said = f"{count(info.invalid, 'invalid event')} skipped"
+        out.append((said, f"{said}: events that failed the schema; the trace_incomplete finding names "
+                          "their ranks"))
+    if info.reused:
+        said = count(info.reused, "reused op id")
+        out.append((said, f"{said}: an op began under an id its rank had used (a damaged or foreign "
+                          "trace); its phases are paired in stream order, as check does"))
+    return out
 
 
 class _Part(NamedTuple):
@@ -53,7 +76,7 @@ class StatusHeader(Static):
         add(f" ✖ {errors}", "bold #e05050" if errors else "grey42")
         add(f" ▲ {warnings} ", "bold #e0a030" if warnings else "grey42")
         add(f" {job or info.source} ", "bold", NAME)
-        add(f"· {world} rank{'s' if world != 1 else ''} ", "grey70", WORLD)
+        add(f"· {count(world, 'rank')} ", "grey70", WORLD)
         add(f"· {backend} ", "grey70", REST)
         if info.mode == REPLAY:
             add("· REPLAY ", "bold #ffd75f")
@@ -85,22 +108,15 @@ class StatusHeader(Static):
                 what = f"{info.lag_s:.0f} s behind" if info.lag_s >= 1 else f"{size(info.behind_bytes)} unread"
                 add(f"· falling behind ({what}) ", "bold #e0a030")
         # (the job's own events; the foreign streams' apart, as ``check`` counts them)
-        add(f"· {info.events - info.foreign_events:,} events ", "grey62", REST)
+        add(f"· {count(info.events - info.foreign_events, 'event')} ", "grey62", REST)
         if info.foreign_events:
-            add(f"(+{info.foreign_events:,} foreign) ", palette.FOREIGN_STYLE, REST)
-        if info.trimmed:
-            add("· trimmed ", "#e0a030", LOSSES)
-        if info.corrupt:
-            add(f"· {info.corrupt} damaged lines skipped ", "#e0a030", LOSSES)
-        if info.invalid:
-            add(f"· {info.invalid} invalid events skipped ", "#e0a030", LOSSES)
-        if info.reused:
-            add(f"· {info.reused} reused op ids ", "#e0a030", LOSSES)
+            add(f"(+{count(info.foreign_events)} foreign) ", palette.FOREIGN_STYLE, REST)
+        for said, _ in read_losses(info):  # (``w`` explains each)
+            add(f"· {said} ", "#e0a030", LOSSES)
         if untimed:
-            add(f"· {untimed:,} ops without timings ", "grey62", REST)
+            add(f"· {count(untimed, 'op')} without timings ", "grey62", REST)
         if info.warnings_total:  # (what the reader said: ``w`` shows it)
-            add(f"· {info.warnings_total:,} read warning{'s' if info.warnings_total != 1 else ''} (w)", "#e0a030",
-                LOSSES)
+            add(f"· {count(info.warnings_total, 'read warning')} (w)", "#e0a030", LOSSES)
         self._parts = tuple(parts)
         self.refresh()
 

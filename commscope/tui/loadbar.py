@@ -13,7 +13,7 @@ from rich.text import Text
 from textual.widgets import Static
 
 from commscope.analysis.source import Loading
-from commscope.tui.fmt import duration
+from commscope.tui.fmt import count, duration
 
 WIDTH = 24  # cells of the bar
 
@@ -53,7 +53,7 @@ class LoadBar(Static):
         t.append("━" * (WIDTH - filled), style="grey30")
         t.append(f" {frac * 100:3.0f}%", style="#ffd75f")
         if at is not None:
-            t.append(f"  {at.events:,} events · {at.ranks:,} ranks", style="grey70")
+            t.append(f"  {count(at.events, 'event')} · {count(at.ranks, 'rank')}", style="grey70")
             elapsed = self.clock() - (self._started or self.clock())
             if 0.02 < frac < 1.0 and elapsed > 0.5:
                 left = elapsed * (1 - frac) / frac

@@ -73,12 +73,21 @@ def fit_words(text: str, width: int) -> str:
     return (text[:cut].rstrip(" ·(") if cut > 0 else text[: max(1, width - 1)]) + "…"
 
 
-def compact_state(m: TraceModel, r: int, st: RankState, now: int) -> str:
+def compact_state(m: TraceModel, r: int, st: RankState, now: int, whole: bool = False) -> str:
+    """The state cell.  ``whole``: the model holds the rank's whole record (a replay), so a
+    rank idle since its last op that recorded nothing after it is said to have stopped
+    recording ("idle · trace ends", or "silent" past its end): its idle time was never
+    measured.  A straggler trace ending at its last collective read "idle · 0 µs" on every
+    rank at its end (helper-202)."""
     if st.kind == "blocked" and st.op is not None:
         verb = "waiting" if st.text.startswith("waiting") else "in"
         return f"{verb} {short_label(m, r, st.op)} · {duration(max(0, now - st.since_ns))}"
     if st.kind == "idle":
-        return f"idle · {duration(max(0, now - st.since_ns))}" if st.op is not None else "idle"
+        if st.op is None:
+            return "idle"
+        if whole and m.last_seen(r) <= st.since_ns:  # (nothing of it after its last op's end)
+            return "idle · trace ends" if now <= st.since_ns else f"idle · silent {duration(now - st.since_ns)}"
+        return f"idle · {duration(max(0, now - st.since_ns))}"
     if st.kind == "dead":
         words = ending(m, r, now, st) or "dead (silent)"
         if words == "dead (silent)":
@@ -86,10 +95,11 @@ def compact_state(m: TraceModel, r: int, st: RankState, now: int) -> str:
         how, _, why = words.partition(" (")  # 'job stopped (SIGTERM)' -> 'stopped · SIGTERM'
         return f"{how.removeprefix('job ')} · {why[:-1]}" if why else how
     if st.kind == "exited":
+        text = ending(m, r, now, st) or st.text  # (a cell's words: "exited (destroy_pg)", not the sentence's)
         for long, short in _REASONS.items():
-            if f"({long})" in st.text:
-                return st.text.replace(long, short)
-        return st.text
+            if f"({long})" in text:
+                return text.replace(long, short)
+        return text
     return st.text
 
 
@@ -99,6 +109,11 @@ _STATE_ORDER = {"dead": 0, "crashed": 0, "blocked": 1, "running": 2, "idle": 3, 
 
 def order_of(kind: str) -> int:
     return _STATE_ORDER.get(kind, 9)
+
+
+def _sampled(v: float | None) -> float:
+    """A sample's value as its column sorts it: none sampled first (-1)."""
+    return v if v is not None else -1
 
 
 def sort_key(v: Any) -> tuple:
@@ -112,6 +127,10 @@ def sort_key(v: Any) -> tuple:
         return (2, 0, "", tuple(sort_key(x) for x in v))
     return (3, 0, repr(v))
 
+
+#: The columns that show a resource sample, and the sample's field: sorting by one reads only
+#: the samples (``RankTable._sort_keys``), not every rank's state
+SAMPLED = {"gpu": "gpu_util", "gmem": "gpu_mem", "cpu": "cpu", "rss": "rss"}
 
 #: Jobs up to this many ranks size the last-op column to every rank's label; larger ones to the
 #: labels of the rows shown so far (never narrowing): a label costs a model lookup per rank
@@ -184,10 +203,13 @@ class RankTable(ScrollView, can_focus=True):
         self._cols: list[tuple[str, str, int]] = []
         self._flex_width = STATE_MIN
         self._last_width = LAST_MIN  # the last-op column: as wide as its longest label
+        self._stamp: tuple | None = None  # what the order was sorted as of (``_sort_stamp``)
+        self.sorts = 0  # how many times the order was sorted (tests count them)
 
     # -- what the table holds
     def reset(self) -> None:
         self.order = []
+        self._stamp = None
         self._cells.clear()
         self._cols = []
         self._last_width = LAST_MIN
@@ -308,11 +330,12 @@ class RankTable(ScrollView, can_focus=True):
         m = self.feed.model
         replay = self.feed.mode == REPLAY  # as of the replay cursor, not the end of the trace
         st = rank_state(m, r, now, as_of=replay)
-        s = sample_at(m, r, now) if replay else m.latest_sample(r) or {}
+        s = self._sample(r, now)
         why = m.foreign_streams.get(r)  # (not of the job's run: named so, never given a state of the job's)
         state = ((10, r), Text(f"⊘ foreign · {why.cause.words}", style=palette.FOREIGN_STYLE)) if why is not None \
             else ((order_of(st.kind), -(now - st.since_ns)),
-                  Text(f"{palette.STATE_DOT[st.kind]} {compact_state(m, r, st, now)}", style=palette.STATE_STYLE[st.kind]))
+                  Text(f"{palette.STATE_DOT[st.kind]} {compact_state(m, r, st, now, replay)}",
+                       style=palette.STATE_STYLE[st.kind]))
         # the op it is in, else the last one it began (also for ranks that exited or died)
         last = st.op if st.op is not None else last_op_before(m, r, now)
         meta = m.ranks[r].meta or {}
@@ -322,17 +345,54 @@ class RankTable(ScrollView, can_focus=True):
             "host": (str(meta.get("host", "")), str(meta.get("host", ""))),
             "state": state,
             "last": (m.label(r, last) if last is not None else "", short_label(m, r, last) if last is not None else "–"),
-            "gpu": (gutil if gutil is not None else -1, percent(gutil)),
-            "gmem": (gmem if gmem is not None else -1, compact_size(gmem)),
-            "cpu": (cpu if cpu is not None else -1, percent(cpu)),
-            "rss": (rss if rss is not None else -1, compact_size(rss)),
+            "gpu": (_sampled(gutil), percent(gutil)),
+            "gmem": (_sampled(gmem), compact_size(gmem)),
+            "cpu": (_sampled(cpu), percent(cpu)),
+            "rss": (_sampled(rss), compact_size(rss)),
         }
+
+    def _sample(self, r: int, now: int) -> dict:
+        """Rank ``r``'s resource sample as the table shows it: as of the replay cursor in a
+        replay, else its latest."""
+        m = self.feed.model
+        return sample_at(m, r, now) if self.feed.mode == REPLAY else m.latest_sample(r) or {}
+
+    def _sort_keys(self, col: str, ranks: list[int]) -> dict[int, tuple]:
+        """Every rank's sort key of column ``col``, as ``_row_values`` gives it: a column of
+        samples or hosts from those alone (sorting 4,096 ranks by CPU computed every rank's
+        whole row, its state first: 0.5 s), the state and last op from the rows."""
+        m = self.feed.model
+        if col in SAMPLED:
+            field = SAMPLED[col]
+            return {r: sort_key(_sampled(self._sample(r, self._now).get(field))) for r in ranks}
+        if col == "host":
+            return {r: sort_key(str((m.ranks[r].meta or {}).get("host", ""))) for r in ranks}
+        return {r: sort_key(self._row_values(r, self._now)[col][0]) for r in ranks}
+
+    def _sort_stamp(self, ranks: list[int]) -> tuple:
+        """What the order depends on: the sort, the model's version, the ranks named in
+        findings, and the time the values are as of where the column's values move with it
+        (the state and last op; a replay's samples, as of its cursor).  A refresh with the
+        same stamp keeps the order: a replay's steps sorted by host, or any refresh of a job
+        that did not change, sorted 4,096 ranks again each time (helper-202)."""
+        m, col = self.feed.model, self._sort_col
+        timed = col in (FLEX, "last") or (col in SAMPLED and self.feed.mode == REPLAY)
+        view = id(self.feed.view) if col == UNUSUAL or (not self._sort_chosen and len(ranks) > SUMMARY_MIN_RANKS) \
+            else None
+        return (col, self._sort_reverse, self._sort_chosen, id(m), m.version, len(ranks), frozenset(self.flagged),
+                self._now if timed else None, view)
 
     def _sorted(self, ranks: list[int]) -> list[int]:
         """Every rank in the order of the chosen sort (a value column computes that column's
         value for every rank: the user asked for it; the table's refresh is paced by its
         cost), the ranks named in findings first in a large job, the foreign streams
-        (``TraceModel.foreign_streams``) last, apart from the job's ranks, whatever the sort."""
+        (``TraceModel.foreign_streams``) last, apart from the job's ranks, whatever the sort.
+        Sorted once per ``_sort_stamp``: a refresh that changed none of it keeps the order."""
+        stamp = self._sort_stamp(ranks)
+        if stamp == self._stamp and len(self.order) == len(ranks):
+            return self.order
+        self._stamp = stamp
+        self.sorts += 1
         apart = self.feed.model.kept_apart
         if apart:
             own = self._sorted_own([r for r in ranks if r not in apart])
@@ -349,7 +409,7 @@ class RankTable(ScrollView, can_focus=True):
         elif col == "rank":
             order = sorted(ranks, reverse=self._sort_reverse)
         else:
-            key = {r: sort_key(self._row_values(r, self._now)[col][0]) for r in ranks}
+            key = self._sort_keys(col, ranks)
             order = sorted(ranks, key=lambda r: (key[r], r), reverse=self._sort_reverse)
         if len(order) > PIN_MIN_RANKS and self.flagged:  # among thousands, the culprit on top
             order = [r for r in order if r in self.flagged] + [r for r in order if r not in self.flagged]

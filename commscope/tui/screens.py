@@ -25,7 +25,8 @@ HELP_SECTIONS: list[tuple[str, list[tuple[str, str]]]] = [
                 ("pageup pagedown", "rank table: a page up / down (↑ ↓ a row, home end: first / last)"),
                 ("r", "GPU panel ↔ rank table"),
                 ("H", "history: what retention summarized, what the window did not read"),
-                ("w", "read warnings: events lost or trimmed and why, reconnections")]),
+                ("w", "read warnings: what the header counts as skipped, events lost or trimmed and why, "
+                      "reconnections")]),
     ("App", [("?", "this help"), ("ctrl+p", "command palette (every action)"), ("q", "quit")]),
 ]
 

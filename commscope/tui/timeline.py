@@ -35,6 +35,7 @@ from commscope.analysis.vocab import RankState
 from commscope.events import DEFAULT_HANG_AFTER
 from commscope.tui import palette
 from commscope.tui.feed import REPLAY, Feed
+from commscope.tui.fmt import count
 from commscope.tui.paintcode import categories
 from commscope.tui.painter import (
     GUTTER,
@@ -138,8 +139,14 @@ def heat_rows(ranks: list[int], lines: int) -> list[Row]:
         # line held ranks 2 and 3, the culprit 3; helper-188)
         rows.append(Row(f"h:{upper[0]}-{last}", f"r{upper[0]}" if last == upper[0] else f"r{upper[0]}-{last}",
                         upper + lower,
-                        "" if i else f"{per} rank{'s' if per > 1 else ''} a half-cell", len(upper)))
+                        "" if i else f"{count(per, 'rank')} a half-cell", len(upper)))
     return rows
+
+
+def times(n: int) -> str:
+    """'×4,088': a collapsed row's gutter, its count written as every count is (``fmt.count``;
+    "×4088" beside the note's "4,088 ranks" read as two numbers); 16,384 fit the gutter."""
+    return f"×{count(n)}"
 
 
 def doing(key: tuple) -> str:
@@ -156,7 +163,7 @@ def behaviours(m: ModelView, ranks: list[int]) -> list[Row]:
     for key, rs in behaviour_groups(m, ranks):
         kind, op, group, seq = key
         note = f"{ranks_text(rs)}: {doing(key)}" if len(rs) > 1 else doing(key)
-        rows.append(Row(f"s:{kind}:{op}:{group}:{seq}:{len(rs)}", f"×{len(rs)}" if len(rs) > 1 else f"r{rs[0]}",
+        rows.append(Row(f"s:{kind}:{op}:{group}:{seq}:{len(rs)}", times(len(rs)) if len(rs) > 1 else f"r{rs[0]}",
                         tuple(rs), note, sample=BEHAVIOUR_SAMPLE))
     return rows
 
@@ -187,7 +194,7 @@ def host_rows(m: ModelView, ranks: list[int], apart: Iterable[str] = (), summari
     first = set(apart) | {"?"}
     rows, own = [], []
     for does, hs in sorted(alike.items(), key=lambda kv: (len(kv[1]), hosts[kv[1][0]][0])):
-        what = ", ".join(f"{n} {doing(key)}" for key, n in does)
+        what = ", ".join(f"{count(n)} {doing(key)}" for key, n in does)
         for h in [h for h in hs if h in first]:
             row = Row(f"n:{h}", fit_label(h, tail=True), tuple(hosts[h]),
                       f"{h}: {what}" if h != "?" else f"no host said: {what}")
@@ -197,8 +204,8 @@ def host_rows(m: ModelView, ranks: list[int], apart: Iterable[str] = (), summari
             rows.append(Row(f"n:{hs[0]}", fit_label(hs[0], tail=True), tuple(hosts[hs[0]]), f"{hs[0]}: {what}"))
         elif hs:
             named = f"{hs[0]}, {hs[1]}" if len(hs) == 2 else f"{hs[0]} … {hs[-1]}"
-            rows.append(Row(f"H:{does}", f"×{len(hs)}", tuple(r for h in hs for r in hosts[h]),
-                            f"{len(hs):,} hosts ({named}): {what}", sample=BEHAVIOUR_SAMPLE))
+            rows.append(Row(f"H:{does}", times(len(hs)), tuple(r for h in hs for r in hosts[h]),
+                            f"{count(len(hs), 'host')} ({named}): {what}", sample=BEHAVIOUR_SAMPLE))
     return own + rows
 
 
@@ -211,7 +218,7 @@ def apart_rows(m: ModelView, ranks: list[int], each: bool) -> list[Row]:
     if each:
         return [Row(f"f{r}", f"r{r}", (r,), f"⊘ foreign · {m.foreign[r].cause.words}", apart=True) for r in ranks]
     words = sorted({m.foreign[r].cause.words for r in ranks})
-    return [Row(f"f:{len(ranks)}", f"×{len(ranks)}", tuple(ranks),
+    return [Row(f"f:{len(ranks)}", times(len(ranks)), tuple(ranks),
                 f"{ranks_text(ranks)}: ⊘ foreign · {', '.join(words)}", sample=BEHAVIOUR_SAMPLE, apart=True)]
 
 
@@ -876,7 +883,7 @@ class Timeline(ScrollView, can_focus=True):
         it, gone in 2 s while the rows stayed few: helper-188)."""
         if not self.only_findings:
             return "timeline"
-        shown = f"only the {len(self.flagged):,} rank(s) named in findings" if self.flagged else \
+        shown = f"only the {count(len(self.flagged), 'rank')} named in findings" if self.flagged else \
             "ranks named in findings only: none named, all shown"
         return f"timeline  [dim](x: {shown})[/]"
 
