@@ -1556,6 +1556,74 @@ def test_sends_and_recvs_tags_pair_in_another_order_are_not_a_size_mismatch():
     assert errors(f) == []
 
 
+@pytest.mark.parametrize("case", ["any_source", "recv_waiting", "max_buffer", "swapped_aborted", "beside_tags",
+                                  "another_dtype"])
+def test_a_size_mismatch_is_named_where_the_order_is_sure_and_only_there(case):
+    """What the order pairing by posting order cannot be sure of, or what Gloo allows, is not
+    a size mismatch; what it is sure of is (helper-206, real Gloo jobs):
+
+    - any_source: rank 2 received its first message with an any-source recv, whose source
+      the recorder does not say: its next recv paired with the first send (healthy job,
+      exit 1); no finding;
+    - recv_waiting: a send of 128 B tagged, and the recv of 256 B the receiver posted first
+      (by its tag, for the next message) still waiting: a live check named it; none;
+    - max_buffer: every message into a buffer of the largest size, on purpose (Gloo allows
+      it): none;
+    - swapped_aborted: the receiver took the two messages in the other order, and Gloo
+      aborted it on the larger (the sizes cancel out, and the guard left the channel
+      alone): both ranks named;
+    - beside_tags: a pair tags reordered beside one odd microbatch: the odd one named, not
+      the reordered pair;
+    - another_dtype: one float32 (4, 16) message into a float64 (4, 16) buffer: named."""
+    world, culprits = 3, set()
+    b = TraceBuilder(world)
+    t = b.warmup()
+    if case == "any_source":
+        s1 = b.sync(1, t, t + MS, "send", peer=2, dir="send", shape=(5,), site="a.py:5")
+        s2 = b.sync(1, t + 2 * MS, t + 3 * MS, "send", peer=2, dir="send", shape=(9,), site="a.py:6")
+        any_ = b.begin(2, t, "recv", peer=None, dir="recv", shape=(5,), site="a.py:12")
+        b.end(2, any_, t + MS)
+        b.sync(2, t + 2 * MS, t + 3 * MS, "recv", peer=1, dir="recv", shape=(9,), site="a.py:13")
+        assert s1 and s2
+    elif case == "recv_waiting":
+        b.sync(1, t, t + MS, "isend", peer=2, dir="send", shape=(32,), site="a.py:5")
+        b.sync(1, t, t + MS, "isend", peer=2, dir="send", shape=(64,), site="a.py:6")
+        b.begin(2, t + MS, "recv", peer=1, dir="recv", shape=(64,), site="a.py:12")
+    elif case == "max_buffer":
+        for k, n in enumerate((100, 37, 512)):
+            b.sync(1, t + 3 * k * MS, t + (3 * k + 1) * MS, "send", peer=2, dir="send", shape=(n,), site="a.py:5")
+            b.sync(2, t + 3 * k * MS, t + (3 * k + 2) * MS, "recv", peer=1, dir="recv", shape=(1024,), site="a.py:12")
+    elif case == "swapped_aborted":
+        culprits = {1, 2}
+        b.sync(1, t, t + MS, "send", peer=2, dir="send", shape=(8,), site="a.py:5")
+        b.begin(1, t + 2 * MS, "send", peer=2, dir="send", shape=(8, 16), site="a.py:6")
+        b.sync(2, t, t + MS, "recv", peer=1, dir="recv", shape=(8, 16), site="a.py:12")
+        bad = b.begin(2, t + 2 * MS, "recv", peer=1, dir="recv", shape=(8,), site="a.py:13")
+        b.end(2, bad, t + 3 * MS, exc=ENFORCE)
+        b.exit(2, t + 4 * MS, reason="exception", exc=ENFORCE)
+    elif case == "beside_tags":
+        culprits = {1, 2}
+        sends = [(10,), (20,), (32,), (32,), (24,), (32,)]
+        recvs = [(20,), (10,), (32,), (32,), (32,), (32,)]
+        for k, (a, c) in enumerate(zip(sends, recvs, strict=True)):
+            b.sync(1, t + 3 * k * MS, t + (3 * k + 1) * MS, "isend", peer=2, dir="send", shape=a,
+                   site=f"a.py:{5 + min(k, 2)}")
+            b.sync(2, t + 3 * k * MS, t + (3 * k + 2) * MS, "recv", peer=1, dir="recv", shape=c,
+                   site=f"a.py:{12 + min(k, 2)}")
+    else:
+        culprits = {1, 2}
+        b.sync(1, t, t + MS, "send", peer=2, dir="send", shape=(4, 16), site="a.py:5")
+        b.sync(2, t, t + 2 * MS, "recv", peer=1, dir="recv", shape=(4, 16), dtype="float64", out_bytes=512,
+               site="a.py:12")
+    b.heartbeats(b.t0, t + 20 * MS)
+    _, f = replay(b, culprits)
+    sized = [x for x in f if "sizes" in x.evidence]
+    assert bool(sized) == bool(culprits), [x.to_json()["message"] for x in f]
+    if case == "beside_tags":
+        (x,) = sized
+        assert {r: d["bytes"] for r, d in x.evidence["sizes"].items()} == {"1": 96, "2": 128}, x.message
+
+
 @pytest.mark.parametrize("world", [3, 2])
 def test_a_collective_called_on_the_wrong_group_names_its_rank_not_the_one_it_waits_for(world):
     """Rank 0 calls all_reduce on group {0, 1} where the other ranks call the world's: 0
@@ -1585,6 +1653,19 @@ def test_a_collective_called_on_the_wrong_group_names_its_rank_not_the_one_it_wa
         assert [(c["kind"], c["culprits"]) for c in f[0].evidence["consequences"]] == [("missing_ranks", [0])]
 
 
+def _crossing(world: int) -> tuple[TraceBuilder, int, int]:
+    """Ranks 0 and 1 in the all_reduces of groups A and B (both {0, 1}), each in the one the
+    other never reaches; rank 2 in the world's barrier.  Returns the builder, when they
+    began, and rank 2's barrier."""
+    b = TraceBuilder(world)
+    b.group("A", [0, 1])
+    b.group("B", [0, 1])
+    t = b.warmup()
+    b.begin(0, t, "all_reduce", group="A")
+    b.begin(1, t + MS, "all_reduce", group="B")
+    return b, t, b.begin(2, t + 2 * MS, "barrier")
+
+
 @pytest.mark.parametrize("ended", [False, True])
 def test_two_ranks_calling_two_groups_collectives_in_different_orders_are_one_error_holding_the_rest(ended):
     """Ranks 0 and 1 call the all_reduces of groups A and B, both {0, 1}, in different
@@ -1593,13 +1674,7 @@ def test_two_ranks_calling_two_groups_collectives_in_different_orders_are_one_er
     one root cause.  One missing_ranks naming ranks 0 and 1, a wait cycle, the other hang,
     the barrier's failure and rank 2's crash its consequences (helper-196, a real Gloo job);
     and so before the barrier's timeout ends its wait."""
-    b = TraceBuilder(3)
-    b.group("A", [0, 1])
-    b.group("B", [0, 1])
-    t = b.warmup()
-    b.begin(0, t, "all_reduce", group="A")
-    b.begin(1, t + MS, "all_reduce", group="B")
-    bar = b.begin(2, t + 2 * MS, "barrier")
+    b, t, bar = _crossing(3)
     b.heartbeats(b.t0, t + 12 * S)
     if ended:
         b.end(2, bar, t + 10 * S, exc=TIMED_OUT)
@@ -1672,17 +1747,61 @@ def test_a_rank_that_skipped_a_step_its_sibling_subgroups_took_is_named_not_its_
     assert f[0].group == "s1" and not set(f[0].victims) & {3}
 
 
+@pytest.mark.parametrize("ended", [False, True])
+def test_groups_of_one_size_that_do_not_run_in_step_are_no_siblings(ended):
+    """s0 = {0, 1} runs three all_reduces a step, s1 = {2, 3} two, then the world's; at step
+    4 rank 2 makes an extra s1 call while ranks 0, 1 and 3 go into the world's.  s0's seqs,
+    past s1's, read as a sibling that took the step, and rank 3, which did right, was named
+    (helper-207).  A sibling is in step: its newest seq is the step's, and its members wait
+    where the absentee does.  Rank 2 named, live and once the timeouts end it."""
+    b = TraceBuilder(4)
+    b.group("s0", [0, 1])
+    b.group("s1", [2, 3])
+    t = b.warmup()
+    for step in range(4):
+        for _ in range(3):
+            t = b.collective(t, "all_reduce", "s0") + MS
+        for _ in range(2):
+            t = b.collective(t, "all_reduce", "s1") + MS
+        if step < 3:
+            t = b.collective(t, "all_reduce") + MS
+    stuck = {2: b.begin(2, t, "all_reduce", group="s1")}
+    for r in (0, 1, 3):
+        stuck[r] = b.begin(r, t + MS, "all_reduce")
+    b.heartbeats(b.t0, t + 12 * S)
+    if ended:
+        b.end(2, stuck[2], t + 10 * S, exc=TIMED_OUT)
+        b.exit(2, t + 10 * S + 5 * MS, reason="exception", exc=TIMED_OUT)
+        for r in (0, 1, 3):
+            b.end(r, stuck[r], t + 10 * S + 10 * MS, exc=CLOSED)
+            b.exit(r, t + 10 * S + 15 * MS, reason="exception", exc=CLOSED)
+    _, f = replay(b, {2}, hang_after=3.0)
+    assert [c for k, c in errors(f)] == [[2]], [x.to_json()["message"] for x in f]
+
+
+def test_a_wait_cycle_of_three_groups_beside_a_group_that_ran_more_is_still_the_cycle():
+    """A = {0, 1}, B = {1, 2}, C = {0, 2}: each rank in one, waiting for another; an unrelated
+    D = {2, 3} had run four all_reduces more.  D read as C's sibling, and two of the cycle's
+    ranks became victims (helper-207).  One error naming 0, 1 and 2."""
+    b = TraceBuilder(4)
+    for g, rs in (("A", [0, 1]), ("B", [1, 2]), ("C", [0, 2]), ("D", [2, 3])):
+        b.group(g, rs)
+    t = b.warmup()
+    for g in ("A", "B", "C", "D", "D", "D", "D"):
+        t = b.collective(t, "all_reduce", g) + MS
+    for r, g in enumerate("ABC"):
+        b.begin(r, t + r * MS, "all_reduce", group=g)
+    b.heartbeats(b.t0, t + 12 * S)
+    _, f = replay(b, {0, 1, 2}, hang_after=3.0)
+    assert errors(f) == [("missing_ranks", [0, 1, 2])] and f[0].evidence["wait_cycle"] == ["A", "B", "C"]
+    assert not f[0].victims
+
+
 def test_a_hang_that_waits_on_a_wait_cycle_and_an_idle_rank_names_the_idle_rank():
     """Ranks 0 and 1 in a wait cycle of groups A and B; rank 2 waits in the world's barrier,
     which idle rank 3 never reaches either.  The barrier's hang named ranks 0, 1 and 3: the
     cycle named twice (helper-205).  It names rank 3, and says where 0 and 1 are."""
-    b = TraceBuilder(4)
-    b.group("A", [0, 1])
-    b.group("B", [0, 1])
-    t = b.warmup()
-    b.begin(0, t, "all_reduce", group="A")
-    b.begin(1, t + MS, "all_reduce", group="B")
-    b.begin(2, t + 2 * MS, "barrier")
+    b, t, _ = _crossing(4)
     b.heartbeats(b.t0, t + 12 * S)
     _, f = replay(b, {0, 1, 3}, hang_after=3.0)
     assert errors(f) == [("missing_ranks", [0, 1]), ("missing_ranks", [3])], [x.to_json()["message"] for x in f]
@@ -2180,3 +2299,17 @@ def test_a_monitored_barrier_of_a_group_whose_members_are_not_known_blames_nobod
     assert not [x for x in f if x.severity == "error" and {0, 3} & set(x.culprits)], [x.message for x in f]
     (x,) = [x for x in f if x.kind == "op_failed"]
     assert "rank 1 of group g, in its own numbering, never arrived" in x.message, x.message
+
+
+def test_an_op_failed_message_quotes_each_distinct_exception_once_numbers_aside():
+    """Each distinct exception once with its ranks (the first rank's was quoted for all,
+    helper-203); the same words with another peer's address or another timeout's
+    milliseconds are one (seven ranks read as seven failures, helper-207)."""
+    from commscope.analysis.failures import _each_said
+
+    closed = "RuntimeError: [../pair.cc:553] Connection closed by peer [10.0.0.{r}]:1710{r}"
+    excs = {r: closed.format(r=r) for r in range(1, 8)}
+    assert _each_said(excs) == "ranks 1, 2, 3, 4, 5, 6, 7 (RuntimeError: Connection closed by peer [10.0.0.1]:17101)"
+    excs[0] = "RuntimeError: ProcessGroupGloo::scatter: Incorrect input list size 2. Input list size should be 3"
+    assert _each_said(excs).startswith("rank 0 (RuntimeError: ProcessGroupGloo::scatter: Incorrect input list size 2"
+                                       ". Input list size should be 3) and ranks 1, 2, 3, 4, 5, 6, 7 (RuntimeError: Conn")

@@ -121,7 +121,10 @@ def test_failures_in_report_and_chrome_export():
     rep = compute_report(m)
     assert rep["ranks"]["1"]["end"] == "crashed (SIGSEGV)"
     assert rep["ranks"]["0"]["end"] == "running" and rep["ranks"]["0"]["failed"] == 1
-    assert rep["ops"]["all_reduce"]["failed"] == 2
+    # (one all_reduce, failed on ranks 0 and 2: counted once per op, as its count counts it,
+    # where "count 1 ... failed 2" read before, helper-203; once per rank per rank)
+    assert rep["ops"]["all_reduce"]["failed"] == rep["groups"]["0"]["failed"] == 1
+    assert [rep["ranks"][r]["failed"] for r in ("0", "1", "2")] == [1, 0, 1]
     findings = diagnose(m)
     trace = chrome_trace(m, findings)
     validate_chrome(trace)
@@ -198,7 +201,7 @@ def test_report_reads_in_80_columns(snapshot):
     events, _ = healthy()
     text = _report_text(events, 80)
     assert max(map(len, text.splitlines())) <= 80
-    for name in ("all_gather_v", "all_reduce", "broadcast", "recv", "send", "exited (destroy_process_group)"):
+    for name in ("all_gather_v", "all_reduce", "broadcast", "recv", "send", "left its group (destroy_process_group)"):
         assert name in text  # whole, never "all…"
     assert "…" not in text
     assert "Left out to fit 80 columns" in text

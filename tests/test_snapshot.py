@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -174,6 +175,8 @@ def test_a_rank_spinning_in_python_is_the_missing_rank_with_its_frame(jobs, tmp_
     f = one_error(check(tmp_path / "s"), "missing_ranks", [2])
     assert f["seq"] is None and f["op"] == "all_reduce" and f["group"] == "0"
     assert "spin" in f["message"] and "% CPU" in f["message"]  # where it is instead, and busy
+    # (the wait began before the samples: "waited up to 2.0 s" said less than it was, helper-203)
+    assert re.search(r"rank\(s\) 0, 1, 3 entered and waited at least \d+\.\d s;", f["message"]), f["message"]
     culprit = f["evidence"]["stacks"]["2"][0]
     assert culprit["where"].endswith("in spin")
     assert f["evidence"]["entered"] == [0, 1, 3] and f["evidence"]["missing"] == [2]

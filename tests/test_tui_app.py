@@ -580,7 +580,7 @@ def test_rank_table_last_op_whole_names_and_consistent_start(width):
         await pilot.pause()
         for r in (0, 1):
             c = _cells(app, r)
-            assert c["state"].endswith("exited (destroy_pg)"), c
+            assert c["state"].endswith("left its group (destroy_pg)"), c
             if "last" in c:  # a rank that exited still shows its last op, abbreviated on purpose
                 assert c["last"] == "ag_single #3", c
         table = app.ranks_table

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 from rich.console import Console
-from tui_scenarios import MS, drive, healthy, make_app, wide_fault, wide_missing_rank
+from tui_scenarios import MS, S, drive, healthy, make_app, wide_fault, wide_missing_rank
 
 from commscope.analysis.source import open_source
 from commscope.tui.app import CommscopeApp
@@ -186,3 +186,84 @@ def test_a_replay_at_a_straggler_traces_end_says_the_trace_ends_not_idle_for_0_u
         assert not any("trace ends" in s or "silent" in s for s in states.values()), states
 
     drive(app, check, size=(120, 40))
+
+
+def test_a_replay_still_loading_never_says_a_rank_stopped_recording():
+    """A replay posts the part read so far while it loads (``Feed.load_all``): a rank whose
+    stream is half read read "idle · silent 572 ms", its record said to stop where the read
+    had (helper-208).  Until the load ends, a rank's idle time reads as it is."""
+    import dataclasses
+
+    events, now = wide_fault("straggler-host", world=16, culprit=10)
+    half = [e for e in events if e["rank"] == 2]
+    cut = half[len(half) // 2]["ts"]
+    app = make_app([e for e in events if e["rank"] != 2 or e["ts"] <= cut], now, mode=REPLAY)
+
+    async def check(pilot):
+        feed = app.feed
+        feed.step()
+        feed.publish()
+        info = dataclasses.replace(feed._info(0), progress=0.5)  # (what load_all posts mid-load)
+        feed.info = info
+        app.apply(info, [])
+        await pilot.pause()
+        assert not app.info.loaded
+        states = {r: app.ranks_table.cells(r)["state"] for r in (1, 2, 3)}
+        assert not any("trace ends" in s or "silent" in s for s in states.values()), states
+
+    drive(app, check, size=(120, 40), loaded=False)
+
+
+def test_the_unusual_order_follows_ranks_that_turn_dead_while_no_event_comes():
+    """A live job of 100 ranks (sorted by how far a rank is from the rest): ranks 80 and 90
+    stop writing at different times and turn dead as the clock moves, no event coming.  The
+    table's order was kept by the id of the view it was sorted with, an id a later view
+    took again, and stayed stale (helper-208).  It follows each view's version and time."""
+    from commscope.analysis.synth import T0, TraceBuilder
+    from commscope.tui.feed import LIVE
+    from commscope.tui.timeline import farthest_first
+
+    world = 100
+    b = TraceBuilder(world, hang_after=2.0, ranks_per_host=8)
+    t = T0 + 100 * MS
+    for _ in range(3):
+        t = b.collective(t, "all_reduce", latency=20 * MS, shape=(4096,)) + 10 * MS
+    for r in range(world):
+        if r not in (80, 90):
+            b.sync(r, t, None, "all_reduce", shape=(4096,))
+    b.heartbeats(T0, t, interval=S, ranks=[90])
+    b.heartbeats(T0, t + 8 * S, interval=S, ranks=[80])
+    b.heartbeats(T0, t + 30 * S, interval=S, ranks=[r for r in range(world) if r not in (80, 90)])
+    clock = [t + S]
+    app = make_app(b.sorted_events(), 0, mode=LIVE)
+    app.feed.clock = app.clock = lambda: clock[0]
+
+    async def check(pilot):
+        table, feed = app.ranks_table, app.feed
+        for _ in range(16):
+            clock[0] += S  # (the clock moves, no event)
+            feed.publish()
+            feed.publish()  # (two publishes between two refreshes of the table)
+            table.refresh_ranks(app._now())
+            assert table.order[:2] == farthest_first(feed.view, sorted(feed.model.rank_ids()))[:2], clock[0] - t
+
+    drive(app, check, size=(120, 40))
+
+
+def test_w_says_the_first_window_was_shorter_than_asked_as_the_header_does():
+    """attach's first window cut short to fit memory: the header said "last 12 min read, not
+    2 h (memory)" and ``w`` "the reader has said nothing" (helper-208)."""
+    from commscope.tui.feed import LIVE
+
+    events, now = healthy(steps=2)
+    app = make_app(events, now, mode=LIVE)
+    app.feed.window = "last 12 min read, not 2 h (memory)"
+
+    async def check(pilot):
+        assert str(app.header_bar.render()).count("last 12 min read, not 2 h (memory)") == 1
+        await pilot.press("w")
+        await pilot.pause()
+        text = " ".join(app.detail.text(width=200).split())
+        assert "has said nothing" not in text and "last 12 min read, not 2 h (memory): the first window read" in text, text
+
+    drive(app, check, size=(200, 30))

@@ -23,6 +23,7 @@ failure is blamed on other ranks; ``rootcause`` then folds it into the root find
 from __future__ import annotations
 
 import bisect
+import re
 from typing import Any, NamedTuple
 
 from rich.console import RenderableType
@@ -504,11 +505,12 @@ def _each_said(excs: dict[int, str]) -> str:
     alike, else each exception once with its ranks, "rank 0 (X) and ranks 1, 2 (Y)": the
     first rank's was quoted for all, and rank 0's wrong list size read as what ranks 1 and 2
     raised, where their connection closed (helper-203)."""
-    said: dict[str, list[int]] = {}
-    for r in sorted(excs):
-        said.setdefault(first_line(excs[r], 120), []).append(r)
-    parts = [f"{ranks_text(rs)} ({line})" for line, rs in list(said.items())[:SAID_EXCEPTIONS]]
-    more = sum(len(rs) for rs in list(said.values())[SAID_EXCEPTIONS:])
+    said: dict[str, tuple[str, list[int]]] = {}  # (its words, numbers masked: a peer's address and port, a
+    for r in sorted(excs):                        # timeout's 998 ms, split one failure in seven, helper-207)
+        line = first_line(excs[r], 120)
+        said.setdefault(re.sub(r"\d+", "#", line), (line, []))[1].append(r)
+    parts = [f"{ranks_text(rs)} ({line})" for line, rs in list(said.values())[:SAID_EXCEPTIONS]]
+    more = sum(len(rs) for _, rs in list(said.values())[SAID_EXCEPTIONS:])
     return " and ".join(parts) + (f" and {more:,} rank(s) more, each in the evidence" if more else "")
 
 

@@ -11,7 +11,7 @@ traffic never needs matching.
 from __future__ import annotations
 
 import weakref
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Mapping
 from itertools import chain
 from types import MappingProxyType
@@ -378,36 +378,103 @@ class Checked(NamedTuple):
 
 
 def _differing(model: TraceModel, key: tuple, ch: SeqIndex, checked: dict[tuple, Checked]) -> list[tuple[int, int]]:
-    """(send index, recv index) of the channel's pairs whose sizes differ, where its sends'
-    and recvs' sizes are not the same sizes in another order.  Rows judged before are not
-    judged again (a diagnosis of 4,096 pipeline channels cost 54 ms, every one again)."""
+    """(send index, recv index) of the channel's pairs whose sizes differ and that nothing
+    else explains (``_judged``).  Rows looked at before are not looked at again (a diagnosis
+    of 4,096 pipeline channels cost 54 ms, every row again); the few channels with pairs
+    that differ are judged whole each time."""
     _, _, src, dst = key
     was = checked.get(key)
     start = 0
     if was is not None and was.index is ch and was.rows <= ch.n and (
             not was.rows or int(ch.keys[was.rows - 1]) == was.last_seq):
         start = was.rows
-        if start == ch.n:
-            return was.pairs
     pairs = list(was.pairs) if start else []
-    rows = ch.mat[start: ch.n]
-    filled = (rows[:, 0] >= 0) & (rows[:, 1] >= 0)
-    done = start + (int(np.argmin(filled)) if not filled.all() else filled.shape[0])  # (a prefix: both sides)
-    both = rows[filled]
-    if both.shape[0]:
-        sent = _bytes(model, src, both[:, 0], send=True)
-        taken = _bytes(model, dst, both[:, 1], send=False)
-        differ = (sent != taken) & (sent >= 0) & (taken >= 0)
-        if differ.any():
-            pairs += [(i, j) for i, j in both[differ].tolist() if (i, j) not in pairs]
-    if pairs:  # (rare: the whole channel's sizes, against tags pairing them in another order)
-        every = ch.mat[: ch.n]
-        every = every[(every[:, 0] >= 0) & (every[:, 1] >= 0)]
-        if np.array_equal(np.sort(_bytes(model, src, every[:, 0], send=True)),
-                          np.sort(_bytes(model, dst, every[:, 1], send=False))):
-            pairs = []
-    checked[key] = Checked(ch, done, int(ch.keys[done - 1]) if done else -1, pairs)
-    return pairs
+    if start < ch.n:
+        rows = ch.mat[start: ch.n]
+        filled = (rows[:, 0] >= 0) & (rows[:, 1] >= 0)
+        done = start + (int(np.argmin(filled)) if not filled.all() else filled.shape[0])  # (a prefix: both sides)
+        both = rows[filled]
+        if both.shape[0]:
+            sent = _bytes(model, src, both[:, 0], send=True)
+            taken = _bytes(model, dst, both[:, 1], send=False)
+            differ = (sent != taken) & (sent >= 0) & (taken >= 0)
+            if differ.any():
+                seen = set(pairs)  # (thousands of differing pairs: a list's membership was quadratic, helper-207)
+                pairs += [(i, j) for i, j in both[differ].tolist() if (i, j) not in seen]
+        checked[key] = Checked(ch, done, int(ch.keys[done - 1]) if done else -1, pairs)
+    return _judged(model, key, ch, pairs) if pairs else []
+
+
+#: Gloo's words aborting the receiver of a message larger than its buffer
+ABORTED_LARGER = "op.preamble.length <= op.nbytes"
+
+
+def _judged(model: TraceModel, key: tuple, ch: SeqIndex, pairs: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Of ``pairs`` (their sizes differ, paired by the order they were posted in), those the
+    order is sure of and that say a mistake (helper-206):
+
+    - a recv Gloo aborted for a larger message (``ABORTED_LARGER``): the order was real;
+    - else, none where the receiver has any-source recvs in the group (the recorder does not
+      say whose message such a recv took: the order is off), nor a channel that pairs a
+      rank with itself (group ranks the recorder could not place yet);
+    - of the rest, a pair whose recv completed (one still waiting may yet take another
+      message, by its tag), whose send's size and recv's size are both left over once the
+      channel's sends and recvs of equal sizes cancel out (tags pairing them in another
+      order: a live check named the first half of such a pair as a mismatch); a smaller
+      message into a larger buffer only where most pairs of its two call sites in the
+      channel have equal sizes (one odd microbatch; every message smaller than its buffer
+      is a buffer of the largest size on purpose, which Gloo allows), or whose dtypes
+      differ (float32 sent into a float64 buffer)."""
+    _, _, src, dst = key
+    rt_dst = model.ranks[dst]
+    died = rankstate.crash(model, dst)
+    died_of = str(died.get("exc") or "") if died is not None else ""
+    aborted = [(i, j) for i, j in pairs if ABORTED_LARGER in (rt_dst.exc.get(j) or "")
+               or not rt_dst.comp[j] and ABORTED_LARGER in died_of]  # (aborted in it: its crash says so)
+    if src == dst or _any_source(model, dst, model.sig_of(dst, pairs[0][1]).group):
+        return aborted
+    rows = ch.mat[: ch.n]
+    sends = rows[rows[:, 0] >= 0, 0]
+    recvs = rows[rows[:, 1] >= 0, 1]
+    left_sent = Counter(_bytes(model, src, sends, send=True).tolist())
+    left_taken = Counter(_bytes(model, dst, recvs, send=False).tolist())
+    left_sent, left_taken = left_sent - left_taken, left_taken - left_sent
+    both = rows[(rows[:, 0] >= 0) & (rows[:, 1] >= 0)]
+    sent = _bytes(model, src, both[:, 0], send=True)
+    taken = _bytes(model, dst, both[:, 1], send=False)
+    rt_src = model.ranks[src]
+    sites = [_sites(model, rt_src, rt_dst, i, j) for i, j in both.tolist()]
+    alike = Counter(site for site, a, b in zip(sites, sent.tolist(), taken.tolist(), strict=True) if a == b)
+    unlike = Counter(site for site, a, b in zip(sites, sent.tolist(), taken.tolist(), strict=True) if a != b)
+    out = list(aborted)
+    for i, j in pairs:
+        if (i, j) in aborted or not rt_dst.comp[j]:
+            continue  # (a recv not complete yet may still take another message by its tag)
+        a, b = int(_bytes(model, src, np.array([i]), send=True)[0]), int(_bytes(model, dst, np.array([j]), send=False)[0])
+        if not (left_sent[a] and left_taken[b]):
+            continue
+        site = _sites(model, rt_src, rt_dst, i, j)
+        if a < b and alike[site] <= unlike[site] and \
+                model.sigs[int(rt_src.sig[i])].in_dtypes == model.sigs[int(rt_dst.sig[j])].out_dtypes:
+            continue
+        out.append((i, j))
+    return out
+
+
+def _sites(model: TraceModel, rt_src: Any, rt_dst: Any, i: int, j: int) -> tuple[str | None, str | None]:
+    """The call sites of a send and its recv (not their sigs: a send of another shape is
+    another sig at the same site)."""
+    return model.sigs[int(rt_src.sig[i])].site, model.sigs[int(rt_dst.sig[j])].site
+
+
+def _any_source(model: TraceModel, rank: int, group: str) -> bool:
+    """Whether ``rank`` posted an any-source recv in ``group`` (its peer not recorded)."""
+    rt = model.ranks[rank]
+    n = rt.n
+    if not n:
+        return False
+    codes = np.unique(rt.sig[:n][rt.peer[:n] < 0]).tolist()
+    return any((s := model.sigs[c]).group == group and s.flags & P2P and not s.flags & SEND for c in codes)
 
 
 def _bytes(model: TraceModel, rank: int, ops: np.ndarray, send: bool) -> np.ndarray:

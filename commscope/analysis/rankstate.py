@@ -924,9 +924,14 @@ def exited_text(ex: dict) -> str:
     "left its process group", which is not its process exiting: it may run on, as one
     that destroyed its group early did while its peers went on ("rank 1 is exited
     (destroy_process_group)", helper-203)."""
-    if ex.get("reason") == "destroy_process_group" and not ex.get("code") and not ex.get("stop_signal"):
+    if left_group(ex):
         return "left its process group (destroy_process_group)"
     return f"exited ({exit_words(ex)})"
+
+
+def left_group(ex: dict) -> bool:
+    """Whether an exit is a rank destroying its process group, not its process ending."""
+    return ex.get("reason") == "destroy_process_group" and not ex.get("code") and not ex.get("stop_signal")
 
 
 def exit_words(ex: dict) -> str:
@@ -957,7 +962,9 @@ def ending(m: TraceModel, rank: int, now: int, state: RankState | None = None) -
     if st.kind == "exited":  # (the exit the state is of: a replay's cursor may be before a later one)
         rt = m.ranks.get(rank)
         ex = next((e for e in reversed(rt.exits) if int(e["ts"]) == st.since_ns), None) if rt else None
-        return f"exited ({exit_words(ex or exited(m, rank) or {})})"
+        ex = ex or exited(m, rank) or {}
+        # (a cell's words; "exited" said of a rank that ran on after destroying its group, helper-207)
+        return f"left its group ({exit_words(ex)})" if left_group(ex) else f"exited ({exit_words(ex)})"
     if st.kind == "crashed":
         ex = exited(m, rank) or {}
         if ex.get("signal"):

@@ -2,8 +2,9 @@
 
 Collectives are measured per instance (one (group, seq) on every member): true latency,
 arrival skew, per-rank waits, algbw/busbw from the true latency.  P2p ops and ops not
-run by every member count with their own duration.  Ops that raised are counted per op,
-group and rank (``failed``), and each rank says how it ended (``end``: exited, crashed,
+run by every member count with their own duration.  Ops that raised are counted per op
+and group as the count counts them (a collective's instance once), and per rank
+(``failed``), and each rank says how it ended (``end``: exited, crashed,
 dead, or still running at the trace's end).  Ops completed without a measured duration
 (Flight Recorder on Gloo, ends at the begin's timestamp) are counted (``untimed``) and left
 out of latency, bandwidth and busy time; their arrival skew and waits still count.
@@ -175,13 +176,19 @@ def compute_report(model: TraceModel, top_sites: int = 10) -> dict[str, Any]:
                         alg = np.where(d > 0, S / (d / 1e9), np.nan)
                         a.alg.append(alg)
                         a.bus.append(alg)
+    counted: set[tuple] = set()  # (a collective's instances failed, counted once, as its count counts them)
     for r, i in model.failed:
         s = model.sig_of(r, i)
         if s.nested or r in apart:
             continue
+        by_rank[r].failed += 1
+        seq = int(model.ranks[r].seq[i])
+        key = (s.space, s.group, seq) if not s.flags & P2P and seq >= 0 else (r, i)
+        if key in counted:
+            continue  # (an all_reduce that raised on 2 ranks read "count 1 ... failed 2": helper-203)
+        counted.add(key)
         by_op[s.op].failed += 1
         by_group[_group_key(s)].failed += 1
-        by_rank[r].failed += 1
     ranks_rows = {}
     for r in sorted(by_rank):
         row = by_rank[r].row()

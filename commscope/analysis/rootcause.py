@@ -61,6 +61,7 @@ culprits and waiting ranks (``findings.attach_stacks``).
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -566,6 +567,50 @@ def _crossed(model: TraceModel, errors: list[Finding]) -> list[Finding]:
         i, rt = got.get(r), model.ranks.get(r)
         return int(rt.begin[i]) if i is not None and rt is not None else 0
 
+    groups_of: dict[int, list[str]] | None = None  # a rank -> the groups it is a member of (made once, when asked)
+    whole_in: dict[tuple[int, int], list[str]] = {}  # (a node, a size) -> the groups of that size waiting whole in it
+
+    def siblings_took(k: int) -> bool:
+        """Whether node ``k``'s collective is a step its sibling groups took: groups of as
+        many ranks, none of them its (``new_subgroups``' partition of the world), each member
+        of one having completed that seq of it as its newest, and waiting now where ``k``'s
+        absentees wait.  Then those absentees skipped the step, whatever more ranks wait
+        elsewhere: rank 3 skipped its subgroup {2, 3}'s third all_reduce, which {0, 1} ran,
+        and went into the world's, where ranks 0, 1 and 3 waited for rank 2, and rank 2,
+        which did as its sibling group did, was named (helper-203).  Groups that run apart
+        (a pipeline's stages, each with its own tp group, some seqs ahead) are not siblings
+        (helper-207: any group of that size, seqs past the step, named the rank that did
+        right); found from the ranks waiting where the absentees wait, not every group for
+        every node (4,096 ranks: 1.5 s a diagnosis)."""
+        nonlocal groups_of
+        key = nodes[k][0].instances[0]
+        members = model.groups.get(group[k]) if key[0] == "coll" and key[3] is not None else None
+        if not members or len(members) >= len(model.ranks):
+            return False
+        if groups_of is None:
+            groups_of = {}
+            for name, ms in model.groups.items():
+                for r in ms:
+                    groups_of.setdefault(r, []).append(name)
+        mine, seq = set(members), key[3]
+        for j in {j for c in culprits[k] for j in waiting_in.get(c, ())}:
+            got = whole_in.get((j, len(members)))
+            if got is None:
+                count = Counter(name for v in victims[j] for name in groups_of.get(v, ())
+                                if len(model.groups[name]) == len(members))
+                got = whole_in[(j, len(members))] = [name for name, n in count.items() if n == len(members)]
+            for name in got:
+                if name == group[k] or mine.intersection(model.groups[name]):
+                    continue
+                gi = model.coll.get((key[1], name))
+                if gi is None or not gi.seqs.n or int(gi.seqs.keys[gi.seqs.n - 1]) != seq:
+                    continue  # (not in step: its newest seq is not this one)
+                at = gi.at(seq)
+                if len(at) == len(members) and all((rt := model.ranks.get(r)) is not None and rt.comp[i]
+                                                   and i not in rt.exc for r, i in at.items()):
+                    return True
+        return False
+
     elsewhere = {v for f in errors if not _hang_like(f) for v in f.victims}  # (waiting, but in no node)
     folded: set[int] = set()
     crashes: dict[tuple, list[Finding]] | None = None  # an instance -> the crashes in it
@@ -581,7 +626,7 @@ def _crossed(model: TraceModel, errors: list[Finding]) -> list[Finding]:
         # (a step its sibling groups took: the hang's absentees skipped it; and so every hang of
         # the cycle that waits on those alone, as a 2-d mesh's tp and dp hangs on the rank that
         # skipped a step of both, helper-186)
-        skipped = {c for k in part if _siblings_took(model, nodes[k][0].instances[0]) for c in culprits[k]}
+        skipped = {c for k in part if siblings_took(k) for c in culprits[k]}
         for g, ks in of_group.items() if skipped else ():
             if all(set(culprits[k]) <= skipped for k in ks):
                 score[g] += len(model.ranks) + 1
@@ -645,32 +690,6 @@ def _crossed(model: TraceModel, errors: list[Finding]) -> list[Finding]:
             _absorb(root, *then, *crashed)
         folded |= {id(f) for f in (*more, *then, *crashed)}
     return [f for f in errors if id(f) not in folded] if folded else errors
-
-
-def _siblings_took(model: TraceModel, key: tuple) -> bool:
-    """Whether collective ``key`` ("coll", space, group, seq) is a step the group's siblings
-    took: groups of as many ranks, none of them its (``new_subgroups``' partition of the
-    world), each member of one having completed that seq of it.  Then a member absent from
-    it skipped the step, whatever more ranks wait elsewhere: rank 3 skipped its subgroup
-    {2, 3}'s third all_reduce, which {0, 1} ran, and went into the world's, where ranks 0, 1
-    and 3 waited for rank 2, and rank 2, which did as its sibling group did, was named
-    (helper-203, ``new_subgroups``)."""
-    if key[0] != "coll" or key[3] is None:
-        return False
-    space, group, seq = key[1], key[2], key[3]
-    members = model.groups.get(group)
-    if not members or len(members) >= len(model.ranks):
-        return False
-    mine = set(members)
-    for name, theirs in model.groups.items():
-        if name == group or len(theirs) != len(members) or mine.intersection(theirs):
-            continue
-        gi = model.coll.get((space, name))
-        at = gi.at(seq) if gi is not None else {}
-        if len(at) == len(theirs) and all(
-                (rt := model.ranks.get(r)) is not None and rt.comp[i] and i not in rt.exc for r, i in at.items()):
-            return True
-    return False
 
 
 def _hang_like(f: Finding) -> bool:

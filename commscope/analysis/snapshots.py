@@ -79,6 +79,9 @@ def qualify(model: TraceModel, findings: list[Finding]) -> list[Finding]:
             if not f.culprits:
                 continue  # nothing but ranks nobody looked at: the warning below says so
             f.message += f" (ranks {ranges(sorted(missing))} were not snapshotted and are not blamed)"
+        # (a wait seen over the snapshot's samples began before them: how long it lasted is not
+        # known, it is at least that; "waited up to 2.0 s" said less, helper-203)
+        f.message = f.message.replace(" entered and waited up to ", " entered and waited at least ", 1)
         if stacks_only:
             f.message = _no_seq(f.message)  # (its own and its consequences' seq)
             f.seq = None

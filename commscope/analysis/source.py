@@ -307,8 +307,10 @@ def read_warnings(model: TraceModel, stats: ReadStats) -> list[str]:
                         "warning says which): early ops may be missing")
     if stats.summarized:
         n = len(stats.summarized_by_rank)
-        warnings.append(f"retention summarized {stats.summarized:,} older event(s) of {n:,} rank(s) and deleted "
-                        "them: their counts, bytes and latencies per minute are kept (commscope report)")
+        ops = sum(op.get("count", 0) for rt in model.ranks.values() for s in rt.summaries for op in s.get("ops", ()))
+        warnings.append(f"retention summarized {stats.summarized:,} older event(s) ({ops:,} op(s): report's history "
+                        f"counts these) of {n:,} rank(s) and deleted them: their counts, bytes and latencies per "
+                        "minute are kept (commscope report)")
     if stats.skipped_bytes:
         warnings.append(f"{size(stats.skipped_bytes)} of history before the window not read "
                         f"({len(stats.skipped_by_rank):,} rank(s); drop --since to read it)")

@@ -1477,9 +1477,10 @@ class DirectoryReader(TraceReader):
         cur = self._current((rank, 0), segs)
         return cur.number == segs[-1].number and size_of(cur.path) <= self._read_of.get(((rank, 0), cur.number), 0)
 
-    #: listings again a whole read makes for streams whose segment vanished as it was read
-    #: (each a retention pass that deleted the next oldest as this reader reached it)
-    RELISTS = 8
+    #: listings again a whole read makes at most for streams whose segment vanished as it was
+    #: read (each a retention pass that deleted the next oldest as this reader reached it),
+    #: while they move on
+    RELISTS = 1000
 
     def read_all(self) -> list[Event]:
         """Everything in the job (from the window on), treating an incomplete last line as
@@ -1490,8 +1491,16 @@ class DirectoryReader(TraceReader):
             if not self._vanished:
                 break
             # (a segment retention deleted as it was read: listed again, the stream jumps over
-            # it and reads on; before, a whole read stopped the stream there, helper-204)
+            # it and reads on; before, a whole read stopped the stream there, helper-204; and
+            # again while it moves on, retention deleting the next as it reached it)
+            at = {st: self._reading.get(st) for st in self._vanished}
             events.extend(self.poll())
+            if all(self._reading.get(st) == n for st, n in at.items() if st in self._vanished):
+                break  # (no stream moved on: listing again will not either)
+        for stream in sorted(self._vanished):  # (not read to its end: what it missed is not known; helper-207)
+            self.stats.uncarried_by_rank[stream[0]] = self.stats.uncarried_by_rank.get(stream[0], 0) + 1
+            self.stats.warnings.append(f"rank {stream[0]}: retention deleted its segments as this read reached them, "
+                                       "and the rest of its stream was not read: what it holds after is not known")
         while self._summaries_due:  # (summary files longer than a poll reads: all of them, before any is gone)
             offsets = dict(self._summary_offsets)
             events.extend(self._read_summaries())

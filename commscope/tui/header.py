@@ -28,8 +28,12 @@ def read_losses(info: FeedInfo) -> list[tuple[str, str]]:
     nothing: no event ... skipped" under a header counting "5 damaged lines skipped"
     (helper-202)."""
     out: list[tuple[str, str]] = []
-    if info.trimmed:
-        out.append(("trimmed", "trimmed: the store dropped its oldest events (a Redis stream past its maxlen)"))
+    if info.window:  # (attach's first window shorter than asked: the header said it, ``w`` not, helper-208)
+        out.append((info.window, f"{info.window}: the first window read is shorter than the one asked for, so "
+                                 "the model fits in memory; what is before it is not read"))
+    if info.trimmed:  # (not "past its maxlen": the reader does not know that, a restart loses them too)
+        out.append(("trimmed", "trimmed: the store no longer holds the oldest events of some ranks (a Redis "
+                               "stream's maxlen, or lost: each rank's warning says which)"))
     if info.corrupt:
         said = f"{count(info.corrupt, 'damaged line')} skipped"
         out.append((said, f"{said}: not a readable event (cut short, overwritten, not JSON); the "
@@ -111,8 +115,9 @@ class StatusHeader(Static):
         add(f"· {count(info.events - info.foreign_events, 'event')} ", "grey62", REST)
         if info.foreign_events:
             add(f"(+{count(info.foreign_events)} foreign) ", palette.FOREIGN_STYLE, REST)
-        for said, _ in read_losses(info):  # (``w`` explains each)
-            add(f"· {said} ", "#e0a030", LOSSES)
+        for said, _ in read_losses(info):  # (``w`` explains each; the window is said beside the state, above)
+            if said != info.window:
+                add(f"· {said} ", "#e0a030", LOSSES)
         if untimed:
             add(f"· {count(untimed, 'op')} without timings ", "grey62", REST)
         if info.warnings_total:  # (what the reader said: ``w`` shows it)

@@ -329,12 +329,13 @@ class RankTable(ScrollView, can_focus=True):
         """column -> (sort key, cell renderable)."""
         m = self.feed.model
         replay = self.feed.mode == REPLAY  # as of the replay cursor, not the end of the trace
+        whole = replay and self.feed.info.loaded and not self.feed.info.error
         st = rank_state(m, r, now, as_of=replay)
         s = self._sample(r, now)
         why = m.foreign_streams.get(r)  # (not of the job's run: named so, never given a state of the job's)
         state = ((10, r), Text(f"⊘ foreign · {why.cause.words}", style=palette.FOREIGN_STYLE)) if why is not None \
             else ((order_of(st.kind), -(now - st.since_ns)),
-                  Text(f"{palette.STATE_DOT[st.kind]} {compact_state(m, r, st, now, replay)}",
+                  Text(f"{palette.STATE_DOT[st.kind]} {compact_state(m, r, st, now, whole)}",
                        style=palette.STATE_STYLE[st.kind]))
         # the op it is in, else the last one it began (also for ranks that exited or died)
         last = st.op if st.op is not None else last_op_before(m, r, now)
@@ -377,7 +378,8 @@ class RankTable(ScrollView, can_focus=True):
         that did not change, sorted 4,096 ranks again each time (helper-202)."""
         m, col = self.feed.model, self._sort_col
         timed = col in (FLEX, "last") or (col in SAMPLED and self.feed.mode == REPLAY)
-        view = id(self.feed.view) if col == UNUSUAL or (not self._sort_chosen and len(ranks) > SUMMARY_MIN_RANKS) \
+        v = self.feed.view
+        view = (v.version, v.now) if col == UNUSUAL or (not self._sort_chosen and len(ranks) > SUMMARY_MIN_RANKS) \
             else None
         return (col, self._sort_reverse, self._sort_chosen, id(m), m.version, len(ranks), frozenset(self.flagged),
                 self._now if timed else None, view)
