@@ -585,15 +585,18 @@ def test_healthy_job_never_shows_an_error(tmp_path, capsys):
 @pytest.mark.parametrize("width", [32, 8])
 def test_a_pipeline_stage_sending_a_size_its_peer_does_not_take_names_both(tmp_path, capsys, width):
     """Rank 1 of a three-stage pipeline sends a (4, 32) tensor into rank 2's (4, 16) recv:
-    Gloo aborts rank 2, which alone was named, as crashed (helper-203).  A (4, 8) one Gloo
-    takes without a word, and the job read healthy, exit 0.  One unmatched_p2p naming ranks
-    1 and 2 (which of them is wrong, nothing says), the abort and what followed its
-    consequences; nothing lost."""
+    Gloo aborts rank 2, which alone was named, as crashed (helper-203).  One unmatched_p2p
+    naming ranks 1 and 2 (which of them is wrong, nothing says), the abort and what
+    followed its consequences.  A (4, 8) one Gloo takes without a word, and the job read
+    healthy, exit 0: a warning naming both (a buffer of the largest size on purpose reads
+    alike, helper-209).  Nothing lost."""
     store, codes, said = ended_ranks(tmp_path, 3, "pipe", str(width))
     assert (codes[2] != 0) == (width > 16), (codes, said)
     out = finished(store, capsys)
-    assert errors_of(out) == [("unmatched_p2p", [1, 2])], [f["message"] for f in out["findings"]]
-    (f,) = [f for f in out["findings"] if f["severity"] == "error"]
+    severity = "error" if width > 16 else "warning"
+    assert errors_of(out) == ([("unmatched_p2p", [1, 2])] if width > 16 else []), [f["message"] for f in out["findings"]]
+    (f,) = [f for f in out["findings"] if f["severity"] == severity and f["kind"] == "unmatched_p2p"]
+    assert f["culprits"] == [1, 2]
     assert {r: d["bytes"] for r, d in f["evidence"]["sizes"].items()} == {"1": 16 * width, "2": 256}
     kinds = [c["kind"] for c in f["evidence"].get("consequences") or []]
     assert ("rank_crashed" in kinds) == (width > 16), kinds

@@ -910,6 +910,39 @@ def test_a_whole_read_reads_on_while_retention_deletes_segment_after_segment_und
     assert not reader.stats.uncarried_by_rank and not reader.stats.missing_by_rank
 
 
+def test_a_stream_a_whole_read_could_not_read_to_its_end_is_said_so(tmp_path, monkeypatch):
+    """Retention outrunning a whole read's listings: the rest of the stream not read is
+    said, as its end not known (it read "what rank 0 was in where the read of its stream
+    began is not known": its start, helper-209), an error."""
+    from commscope.analysis import TraceModel
+    from commscope.analysis.completeness import find_incomplete
+    from commscope.store import inflight
+    from commscope.store.directory import DirectoryReader
+
+    job = _segmented(tmp_path, beats=6000)
+    assert _force(job, 256 << 10) > 0
+    carried, keep = inflight.carried, [240 << 10]
+
+    def retention_between(directory, stream, number):
+        monkeypatch.setattr(inflight, "carried", carried)
+        _force(job, max(keep[0], 32 << 10))
+        keep[0] -= 16 << 10
+        monkeypatch.setattr(inflight, "carried", retention_between)
+        return carried(directory, stream, number)
+
+    monkeypatch.setattr(inflight, "carried", retention_between)
+    monkeypatch.setattr(DirectoryReader, "RELISTS", 2)
+    reader = open_reader(tmp_path)
+    got = reader.read_all()
+    assert reader.stats.unread_by_rank == {0: 1} and not reader.stats.uncarried_by_rank
+    model = TraceModel()
+    model.ingest(got)
+    model.note_read_stats(reader.stats)
+    (f,) = find_incomplete(model, model.end_ns)
+    assert f.severity == "error" and f.evidence["per_rank"]["0"].get("unread") == 1
+    assert "the rest of the stream of rank(s) 0 was not read" in f.message, f.message
+
+
 @pytest.mark.parametrize(("segment", "held"), [(16 << 10, True), (256 << 10, True), (256 << 10, False)])
 def test_a_reader_behind_counts_what_retention_deleted_under_it(tmp_path, monkeypatch, segment, held):
     """Whole segments deleted before the reader reached them are counted from their

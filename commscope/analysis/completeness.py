@@ -57,8 +57,8 @@ class Incomplete(Evidence):
     (not losses: shown so the numbers add up)."""
 
     lost_events: int
-    #: rank -> dropped, damaged, invalid, missing, unsettled, lost_unknown, uncarried, no_exit, last_event_ns,
-    #: no_events
+    #: rank -> dropped, damaged, invalid, missing, unsettled, lost_unknown, uncarried, unread, no_exit,
+    #: last_event_ns, no_events
     per_rank: dict[str, dict[str, Any]]
     more_ranks: int = ABSENT  # incomplete ranks beyond the first 256
     fr_ring_overwritten: dict[str, int] = ABSENT
@@ -68,7 +68,7 @@ class Incomplete(Evidence):
                  "no events" if d.get("no_events") else "no exit" if d.get("no_exit") else
                  "not counted yet" if d.get("unsettled") or d.get("emptied") else
                  f"lost, count unknown ({d['lost_unknown']})" if d.get("lost_unknown") else
-                 "start not known" if d.get("uncarried") else ""]
+                 "start not known" if d.get("uncarried") else "end not read" if d.get("unread") else ""]
                 for r, d in self.per_rank.items()]
         parts: list[RenderableType] = [evidence.table("lost per rank", ["rank", "dropped", "damaged", "invalid",
                                                                 "store lost", "end"], rows)]
@@ -227,6 +227,10 @@ def find_incomplete(model: TraceModel, now: int, stopped: bool = False, wall_ns:
         if gone:
             parts.append(words.format(ranges(gone, limit=8)))
     gone = [r for r, d in per_rank.items() if d.get("lost_unknown")]
+    unread = sorted(r for r, d in per_rank.items() if d.get("unread"))
+    if unread:  # (its end, not its start: helper-209)
+        parts.append(f"the rest of the stream of rank(s) {ranges(unread, limit=8)} was not read (retention deleted its "
+                     "segments as fast as this read reached them): what they did after is not known")
     uncarried = sorted(r for r, d in per_rank.items() if d.get("uncarried"))
     if uncarried:
         parts.append(f"what rank(s) {ranges(uncarried, limit=8)} were in where the read of their streams began is not "
@@ -260,4 +264,4 @@ def find_incomplete(model: TraceModel, now: int, stopped: bool = False, wall_ns:
     # Lost events may have held ops: never a healthy exit (check exits 1).
     return [Finding("trace_incomplete", None, None, None, ranks, ranks, msg, ev, ts=ts,
                     severity=ERROR if lost or absent or unnamed or unsettled or emptied or gone or foreign or uncarried
-                    else WARNING)]
+                    or unread else WARNING)]

@@ -498,6 +498,10 @@ def failed_instances(model: TraceModel, now: int, mismatch_rows: dict[tuple, lis
 
 #: the distinct exceptions an op_failed's message quotes, with their ranks (the rest in its evidence)
 SAID_EXCEPTIONS = 3
+#: what varies between ranks' words for one failure: a peer's address and port, a duration, an
+#: address in memory (not every number: "from rank 1" and "from rank 3" blame others, and
+#: "64 vs 32" against "4096 vs 256" are other sizes, helper-209)
+_VARYING = re.compile(r"\[[^\]]*\]:\d+|\b\d+(?:\.\d+)?\s?(?:ms|us|µs|ns|s)\b|0x[0-9a-fA-F]+")
 
 
 def _each_said(excs: dict[int, str]) -> str:
@@ -505,10 +509,10 @@ def _each_said(excs: dict[int, str]) -> str:
     alike, else each exception once with its ranks, "rank 0 (X) and ranks 1, 2 (Y)": the
     first rank's was quoted for all, and rank 0's wrong list size read as what ranks 1 and 2
     raised, where their connection closed (helper-203)."""
-    said: dict[str, tuple[str, list[int]]] = {}  # (its words, numbers masked: a peer's address and port, a
-    for r in sorted(excs):                        # timeout's 998 ms, split one failure in seven, helper-207)
+    said: dict[str, tuple[str, list[int]]] = {}  # (its words, what varies masked: a peer's address and port,
+    for r in sorted(excs):                        # a timeout's 998 ms split one failure in seven, helper-207)
         line = first_line(excs[r], 120)
-        said.setdefault(re.sub(r"\d+", "#", line), (line, []))[1].append(r)
+        said.setdefault(_VARYING.sub("#", line), (line, []))[1].append(r)
     parts = [f"{ranks_text(rs)} ({line})" for line, rs in list(said.values())[:SAID_EXCEPTIONS]]
     more = sum(len(rs) for _, rs in list(said.values())[SAID_EXCEPTIONS:])
     return " and ".join(parts) + (f" and {more:,} rank(s) more, each in the evidence" if more else "")

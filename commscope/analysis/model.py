@@ -1921,7 +1921,7 @@ class TraceModel:
         for key, per_rank in (("damaged", stats.corrupt_by_rank), ("invalid", stats.invalid_by_rank),
                               ("missing", stats.missing_by_rank), ("unsettled", stats.unsettled_by_rank),
                               ("emptied", stats.emptied_by_rank), ("uncarried", stats.uncarried_by_rank),
-                              ("refused", stats.refused_by_rank)):
+                              ("refused", stats.refused_by_rank), ("unread", stats.unread_by_rank)):
             for r, n in per_rank.items():
                 if n:
                     losses.setdefault(int(r), {})[key] = int(n)

@@ -10,8 +10,9 @@ traffic never needs matching.
 
 from __future__ import annotations
 
+import re
 import weakref
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Mapping
 from itertools import chain
 from types import MappingProxyType
@@ -26,6 +27,8 @@ from commscope.analysis import evidence, rankstate
 from commscope.analysis.components import strongly_connected
 from commscope.analysis.evidence import Evidence, record
 from commscope.analysis.findings import (
+    ERROR,
+    WARNING,
     Finding,
     activity,
     doing_instead,
@@ -325,28 +328,30 @@ def find_p2p_sizes(model: TraceModel, now: int) -> list[Finding]:
     preamble.length <= op.nbytes. 512 vs 256"), and a smaller one it takes without a word,
     the rest of the buffer left as it was (helper-203: the aborted receiver alone was named,
     as crashed; the smaller message read healthy, exit 0).  Which side is wrong, nothing
-    says.  Tags are not recorded, so sends and recvs that tags pair in another order could
-    differ by this order: a channel whose sends' sizes and recvs' sizes are the same sizes
-    in another order is left alone.  One finding per group and pair of call sites (a
-    pipeline's stages repeat one mistake)."""
+    says.  Tags are not recorded, and the recorder does not say whose message an
+    any-source recv took: the order is trusted only where it is sure (``_judged``).  One
+    finding per group and pair of call sites (a pipeline's stages repeat one mistake)."""
     found: dict[tuple, list[tuple[int, int, int, int]]] = {}
     apart = model.kept_apart
     checked = _CHECKED.setdefault(model, {})
     for (space, group, src, dst), ch in model.p2p.items():
         if space != SPACE_NATIVE or not ch.n or src in apart or dst in apart:
             continue
-        pairs = _differing(model, (space, group, src, dst), ch, checked)
-        for i, j in pairs:
-            key = (group, model.sig_of(src, i).site, model.sig_of(dst, j).site)
-            found.setdefault(key, []).append((src, i, dst, j))
+        wrong, smaller = _differing(model, (space, group, src, dst), ch, checked)
+        for severity, pairs in ((ERROR, wrong), (WARNING, smaller)):
+            for i, j in pairs:
+                key = (severity, group, model.sig_of(src, i).site, model.sig_of(dst, j).site)
+                found.setdefault(key, []).append((src, i, dst, j))
     out: list[Finding] = []
-    for (group, sent_at, got_at), pairs in found.items():
+    for (severity, group, sent_at, got_at), pairs in found.items():
         r, i, peer, j = pairs[0]
         sends, takes = model.sig_of(r, i).in_bytes, model.sig_of(peer, j).out_bytes
         ranks = sorted({x for p in pairs for x in (p[0], p[2])})
         more = f"; {len(pairs):,} such pairs, of {ranks_text(ranks)}" if len(pairs) > 1 else ""
         then = ("the backend aborts the receiver of a larger message" if sends > takes else
-                "the rest of the receiver's buffer is left as it was, and Gloo says nothing")
+                "the receiver's dtype is another" if severity == ERROR else
+                "Gloo takes it without a word: a buffer of the largest size on purpose, or the rest of the buffer "
+                "is left as it was (a short message by mistake)")
         msg = (f"{model.label(r, i)} (rank {r}, at {sent_at or '?'}) sends {size(sends)} where "
                f"{model.label(peer, j)} (rank {peer}, at {got_at or '?'}), the recv it pairs with by the order they "
                f"were posted in, takes {size(takes)}: their sizes differ; {then}{more}")
@@ -356,7 +361,7 @@ def find_p2p_sizes(model: TraceModel, now: int) -> list[Finding]:
         out.append(Finding("unmatched_p2p", group, int(model.ranks[r].seq[i]), model.sig_of(r, i).op, ranks, ranks,
                            msg, ev, ts=max(int(model.ranks[r].begin[i]), int(model.ranks[peer].begin[j])),
                            instances=tuple(("p2p", SPACE_NATIVE, group, a, b, int(model.ranks[a].seq[x]))
-                                           for a, x, b, _ in pairs)))
+                                           for a, x, b, _ in pairs), severity=severity))
     return out
 
 
@@ -367,19 +372,22 @@ _CHECKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 class Checked(NamedTuple):
-    """A channel's rows judged so far: the first ``rows`` (each with both sides), the seq of
-    the last of them (rows inserted before it, a late seq, make it judged again whole), and
-    the pairs of those that differ."""
+    """A channel's rows looked at so far: the first ``rows`` (each with both sides), the seq
+    of the last of them (rows inserted before it, a late seq, make it looked at again whole),
+    the pairs of those that differ, and the last judgement of them (``_judged``) with what
+    it was made of (the rows, the recvs complete, the receiver's exits)."""
 
     index: SeqIndex
     rows: int
     last_seq: int
     pairs: list[tuple[int, int]]
+    judged: tuple[tuple, tuple[list[tuple[int, int]], list[tuple[int, int]]]] | None = None
 
 
-def _differing(model: TraceModel, key: tuple, ch: SeqIndex, checked: dict[tuple, Checked]) -> list[tuple[int, int]]:
+def _differing(model: TraceModel, key: tuple, ch: SeqIndex, checked: dict[tuple, Checked]
+               ) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
     """(send index, recv index) of the channel's pairs whose sizes differ and that nothing
-    else explains (``_judged``).  Rows looked at before are not looked at again (a diagnosis
+    else explains, as (errors, warnings) (``_judged``).  Rows looked at before are not looked at again (a diagnosis
     of 4,096 pipeline channels cost 54 ms, every row again); the few channels with pairs
     that differ are judged whole each time."""
     _, _, src, dst = key
@@ -388,7 +396,7 @@ def _differing(model: TraceModel, key: tuple, ch: SeqIndex, checked: dict[tuple,
     if was is not None and was.index is ch and was.rows <= ch.n and (
             not was.rows or int(ch.keys[was.rows - 1]) == was.last_seq):
         start = was.rows
-    pairs = list(was.pairs) if start else []
+    pairs = was.pairs if start else []
     if start < ch.n:
         rows = ch.mat[start: ch.n]
         filled = (rows[:, 0] >= 0) & (rows[:, 1] >= 0)
@@ -400,71 +408,94 @@ def _differing(model: TraceModel, key: tuple, ch: SeqIndex, checked: dict[tuple,
             differ = (sent != taken) & (sent >= 0) & (taken >= 0)
             if differ.any():
                 seen = set(pairs)  # (thousands of differing pairs: a list's membership was quadratic, helper-207)
-                pairs += [(i, j) for i, j in both[differ].tolist() if (i, j) not in seen]
-        checked[key] = Checked(ch, done, int(ch.keys[done - 1]) if done else -1, pairs)
-    return _judged(model, key, ch, pairs) if pairs else []
+                pairs = pairs + [(i, j) for i, j in both[differ].tolist() if (i, j) not in seen]
+        was = checked[key] = Checked(ch, done, int(ch.keys[done - 1]) if done else -1, pairs)
+    if not pairs:
+        return [], []
+    # (judged again only where what it is made of changed: a long job whose every message is
+    # smaller than its buffer on purpose has every pair a candidate, every diagnosis)
+    rt_dst = model.ranks[dst]
+    ops = np.fromiter((j for _, j in pairs), np.int64, len(pairs))
+    made_of = (ch.n, int((ch.mat[: ch.n] >= 0).sum()), len(pairs), int((rt_dst.comp[ops] != 0).sum()),
+               len(rt_dst.exits), len(rt_dst.exc))
+    if was.judged is not None and was.judged[0] == made_of:
+        return was.judged[1]
+    out = _judged(model, key, ch, pairs)
+    checked[key] = was._replace(judged=(made_of, out))
+    return out
 
 
 #: Gloo's words aborting the receiver of a message larger than its buffer
 ABORTED_LARGER = "op.preamble.length <= op.nbytes"
 
 
-def _judged(model: TraceModel, key: tuple, ch: SeqIndex, pairs: list[tuple[int, int]]) -> list[tuple[int, int]]:
+def _judged(model: TraceModel, key: tuple, ch: SeqIndex, pairs: list[tuple[int, int]]
+            ) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
     """Of ``pairs`` (their sizes differ, paired by the order they were posted in), those the
-    order is sure of and that say a mistake (helper-206):
+    order is sure of: (mistakes, an error; smaller messages into buffers of their dtype, a
+    warning).  Helper-206's real Gloo jobs and helper-209's moments:
 
-    - a recv Gloo aborted for a larger message (``ABORTED_LARGER``): the order was real;
+    - a recv Gloo aborted for a larger message (``ABORTED_LARGER``: its op's exception or
+      its rank's crash in it), the pair whose sizes its words say ("512 vs 256"), else one
+      whose message is larger: the order was real (not every pair of the rank's: a healthy
+      smaller message beside it was named, helper-209);
     - else, none where the receiver has any-source recvs in the group (the recorder does not
       say whose message such a recv took: the order is off), nor a channel that pairs a
       rank with itself (group ranks the recorder could not place yet);
     - of the rest, a pair whose recv completed (one still waiting may yet take another
       message, by its tag), whose send's size and recv's size are both left over once the
       channel's sends and recvs of equal sizes cancel out (tags pairing them in another
-      order: a live check named the first half of such a pair as a mismatch); a smaller
-      message into a larger buffer only where most pairs of its two call sites in the
-      channel have equal sizes (one odd microbatch; every message smaller than its buffer
-      is a buffer of the largest size on purpose, which Gloo allows), or whose dtypes
-      differ (float32 sent into a float64 buffer)."""
+      order: a live check named the first half of such a pair): a larger message, or one of
+      another dtype (float32 into a float64 buffer), is a mistake; a smaller one of the
+      buffer's dtype Gloo takes, and nothing in the trace tells a buffer of the largest
+      size on purpose (a varlen protocol's) from a short microbatch, the rest of its
+      buffer left as it was: a warning (as an error it came and went as a live job ran,
+      helper-209)."""
     _, _, src, dst = key
-    rt_dst = model.ranks[dst]
+    rt_src, rt_dst = model.ranks[src], model.ranks[dst]
+    firsts = np.fromiter((i for i, _ in pairs), np.int64, len(pairs))
+    seconds = np.fromiter((j for _, j in pairs), np.int64, len(pairs))
+    a = _bytes(model, src, firsts, send=True)
+    b = _bytes(model, dst, seconds, send=False)
     died = rankstate.crash(model, dst)
     died_of = str(died.get("exc") or "") if died is not None else ""
-    aborted = [(i, j) for i, j in pairs if ABORTED_LARGER in (rt_dst.exc.get(j) or "")
-               or not rt_dst.comp[j] and ABORTED_LARGER in died_of]  # (aborted in it: its crash says so)
+    aborted = np.zeros(len(pairs), bool)
+    for k, j in enumerate(seconds.tolist()):
+        text = rt_dst.exc.get(j) or (died_of if not rt_dst.comp[j] else "")
+        if ABORTED_LARGER in text:
+            said = _ABORT_SIZES.search(text)
+            aborted[k] = (int(a[k]), int(b[k])) == (int(said[1]), int(said[2])) if said else bool(a[k] > b[k])
+    sure = [p for p, x in zip(pairs, aborted.tolist(), strict=True) if x]
     if src == dst or _any_source(model, dst, model.sig_of(dst, pairs[0][1]).group):
-        return aborted
+        return sure, []
     rows = ch.mat[: ch.n]
-    sends = rows[rows[:, 0] >= 0, 0]
-    recvs = rows[rows[:, 1] >= 0, 1]
-    left_sent = Counter(_bytes(model, src, sends, send=True).tolist())
-    left_taken = Counter(_bytes(model, dst, recvs, send=False).tolist())
-    left_sent, left_taken = left_sent - left_taken, left_taken - left_sent
-    both = rows[(rows[:, 0] >= 0) & (rows[:, 1] >= 0)]
-    sent = _bytes(model, src, both[:, 0], send=True)
-    taken = _bytes(model, dst, both[:, 1], send=False)
-    rt_src = model.ranks[src]
-    sites = [_sites(model, rt_src, rt_dst, i, j) for i, j in both.tolist()]
-    alike = Counter(site for site, a, b in zip(sites, sent.tolist(), taken.tolist(), strict=True) if a == b)
-    unlike = Counter(site for site, a, b in zip(sites, sent.tolist(), taken.tolist(), strict=True) if a != b)
-    out = list(aborted)
-    for i, j in pairs:
-        if (i, j) in aborted or not rt_dst.comp[j]:
-            continue  # (a recv not complete yet may still take another message by its tag)
-        a, b = int(_bytes(model, src, np.array([i]), send=True)[0]), int(_bytes(model, dst, np.array([j]), send=False)[0])
-        if not (left_sent[a] and left_taken[b]):
-            continue
-        site = _sites(model, rt_src, rt_dst, i, j)
-        if a < b and alike[site] <= unlike[site] and \
-                model.sigs[int(rt_src.sig[i])].in_dtypes == model.sigs[int(rt_dst.sig[j])].out_dtypes:
-            continue
-        out.append((i, j))
-    return out
+    sent_all = _bytes(model, src, rows[rows[:, 0] >= 0, 0], send=True)
+    taken_all = _bytes(model, dst, rows[rows[:, 1] >= 0, 1], send=False)
+    left_sent, left_taken = _left_over(sent_all, taken_all), _left_over(taken_all, sent_all)
+    keep = ~aborted & (rt_dst.comp[seconds] != 0) & np.isin(a, left_sent) & np.isin(b, left_taken)
+    if not keep.any():
+        return sure, []
+    kept = [p for p, x in zip(pairs, keep.tolist(), strict=True) if x]
+    other = np.fromiter((model.sigs[int(x)].in_dtypes != model.sigs[int(y)].out_dtypes
+                         for x, y in zip(rt_src.sig[firsts[keep]].tolist(), rt_dst.sig[seconds[keep]].tolist(),
+                                         strict=True)), bool, len(kept))
+    wrong = ((a[keep] > b[keep]) | other).tolist()
+    return sure + [p for p, x in zip(kept, wrong, strict=True) if x], [p for p, x in zip(kept, wrong, strict=True) if not x]
 
 
-def _sites(model: TraceModel, rt_src: Any, rt_dst: Any, i: int, j: int) -> tuple[str | None, str | None]:
-    """The call sites of a send and its recv (not their sigs: a send of another shape is
-    another sig at the same site)."""
-    return model.sigs[int(rt_src.sig[i])].site, model.sigs[int(rt_dst.sig[j])].site
+#: the sizes in Gloo's words aborting a receiver ("... 512 vs 256": sent, then the buffer's)
+_ABORT_SIZES = re.compile(r"op\.nbytes\.\s*(\d+)\s+vs\s+(\d+)")
+
+
+def _left_over(these: np.ndarray, those: np.ndarray) -> np.ndarray:
+    """The sizes of ``these`` left once ``those`` of equal sizes cancel them out."""
+    sizes, n = np.unique(these, return_counts=True)
+    theirs, m = np.unique(those, return_counts=True)
+    cancel = np.zeros(sizes.shape[0], np.int64)
+    if theirs.shape[0]:
+        at = np.minimum(np.searchsorted(theirs, sizes), theirs.shape[0] - 1)
+        cancel = np.where(theirs[at] == sizes, m[at], 0)
+    return sizes[n > cancel]
 
 
 def _any_source(model: TraceModel, rank: int, group: str) -> bool:

@@ -91,6 +91,9 @@ class ReadStats:
     #: of memory or refused some since it started: their last events may never have reached
     #: it (a rank gone so has lost some, how many not known); found again on every look
     refused_by_rank: dict[int, int] = dataclasses.field(default_factory=dict)
+    #: streams of a rank a whole read could not read to their end (retention deleted their
+    #: segments as fast as the read reached them): what the rank did after is not known
+    unread_by_rank: dict[int, int] = dataclasses.field(default_factory=dict)
     partial_tail: int = 0  # ranks whose last line is still incomplete
     #: events of segments retention deleted (store/retention.py), which their summaries stand for
     summarized: int = 0

@@ -1498,7 +1498,7 @@ class DirectoryReader(TraceReader):
             if all(self._reading.get(st) == n for st, n in at.items() if st in self._vanished):
                 break  # (no stream moved on: listing again will not either)
         for stream in sorted(self._vanished):  # (not read to its end: what it missed is not known; helper-207)
-            self.stats.uncarried_by_rank[stream[0]] = self.stats.uncarried_by_rank.get(stream[0], 0) + 1
+            self.stats.unread_by_rank[stream[0]] = self.stats.unread_by_rank.get(stream[0], 0) + 1
             self.stats.warnings.append(f"rank {stream[0]}: retention deleted its segments as this read reached them, "
                                        "and the rest of its stream was not read: what it holds after is not known")
         while self._summaries_due:  # (summary files longer than a poll reads: all of them, before any is gone)
