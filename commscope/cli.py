@@ -79,9 +79,24 @@ def _internal(verb: str, argv: list[str] | None) -> int:
     return errors.INTERNAL
 
 
+def _negative_values(argv: list[str]) -> list[str]:
+    """``--since -5m`` as ``--since=-5m``: argparse takes a value that starts with a dash and
+    a digit for an option, and said "expected one argument" where the option's own words say
+    what is wrong with the value (helper-204).  Not past ``--`` (the command ``run`` runs)."""
+    out: list[str] = []
+    for k, a in enumerate(argv):
+        if a == "--":
+            return out + argv[k:]
+        if out and out[-1].startswith("--") and "=" not in out[-1] and len(a) > 1 and a[0] == "-" and a[1].isdigit():
+            out[-1] = f"{out[-1]}={a}"
+        else:
+            out.append(a)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(_negative_values(sys.argv[1:] if argv is None else list(argv)))
     _refuse_lone_dashes(args)
     if not getattr(args, "_main", None):
         parser.print_help()

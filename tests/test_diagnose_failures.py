@@ -1734,6 +1734,16 @@ def test_a_wait_cycle_of_groups_names_both_ranks_at_every_moment_as_their_timeou
     assert sum(c["kind"] == "rank_crashed" for c in f[0].evidence["consequences"]) == 3
 
 
+def _rank_2_times_out(b: TraceBuilder, stuck: dict[int, int], t: int) -> None:
+    """Rank 2's op of ``stuck`` times out ten seconds after ``t`` and it crashes; the other
+    ranks' fail on its closed connection, and they crash."""
+    b.end(2, stuck[2], t + 10 * S, exc=TIMED_OUT)
+    b.exit(2, t + 10 * S + 5 * MS, reason="exception", exc=TIMED_OUT)
+    for r in (0, 1, 3):
+        b.end(r, stuck[r], t + 10 * S + 10 * MS, exc=CLOSED)
+        b.exit(r, t + 10 * S + 15 * MS, reason="exception", exc=CLOSED)
+
+
 @pytest.mark.parametrize("ended", [False, True])
 def test_a_rank_that_skipped_a_step_its_sibling_subgroups_took_is_named_not_its_partner(ended):
     """``new_subgroups(group_size=2)`` on 4 ranks: {0, 1} and {2, 3} each run three
@@ -1755,11 +1765,7 @@ def test_a_rank_that_skipped_a_step_its_sibling_subgroups_took_is_named_not_its_
         stuck[r] = b.begin(r, t + MS, "all_reduce")
     b.heartbeats(b.t0, t + 12 * S)
     if ended:  # (Gloo's: rank 2's times out first, and it crashes; the others fail on its closed connection)
-        b.end(2, stuck[2], t + 10 * S, exc=TIMED_OUT)
-        b.exit(2, t + 10 * S + 5 * MS, reason="exception", exc=TIMED_OUT)
-        for r in (0, 1, 3):
-            b.end(r, stuck[r], t + 10 * S + 10 * MS, exc=CLOSED)
-            b.exit(r, t + 10 * S + 15 * MS, reason="exception", exc=CLOSED)
+        _rank_2_times_out(b, stuck, t)
     _, f = replay(b, {3}, hang_after=3.0)
     assert errors(f) == [("op_failed" if ended else "missing_ranks", [3])], [x.to_json()["message"] for x in f]
     assert f[0].group == "s1" and not set(f[0].victims) & {3}
@@ -1787,12 +1793,8 @@ def test_groups_of_one_size_that_do_not_run_in_step_are_no_siblings(ended):
     for r in (0, 1, 3):
         stuck[r] = b.begin(r, t + MS, "all_reduce")
     b.heartbeats(b.t0, t + 12 * S)
-    if ended:
-        b.end(2, stuck[2], t + 10 * S, exc=TIMED_OUT)
-        b.exit(2, t + 10 * S + 5 * MS, reason="exception", exc=TIMED_OUT)
-        for r in (0, 1, 3):
-            b.end(r, stuck[r], t + 10 * S + 10 * MS, exc=CLOSED)
-            b.exit(r, t + 10 * S + 15 * MS, reason="exception", exc=CLOSED)
+    if ended:  # (Gloo's: rank 2's times out first, and it crashes; the others fail on its closed connection)
+        _rank_2_times_out(b, stuck, t)
     _, f = replay(b, {2}, hang_after=3.0)
     assert [c for k, c in errors(f)] == [[2]], [x.to_json()["message"] for x in f]
 
@@ -2319,6 +2321,29 @@ def test_a_monitored_barrier_of_a_group_whose_members_are_not_known_blames_nobod
     assert "rank 1 of group g, in its own numbering, never arrived" in x.message, x.message
 
 
+def test_a_size_mismatch_judged_before_the_receiver_posts_an_any_source_recv_is_judged_again():
+    """A live console judged a pair that differed as a mismatch; the receiver then posted an
+    any-source recv in the group (in no channel: nothing the judgement was made of changed),
+    and the stale error stayed, where check of the same trace said none (helper-210)."""
+    b = TraceBuilder(3)
+    t = b.warmup()
+    b.sync(1, t, t + MS, "send", peer=2, dir="send", shape=(4, 16), site="a.py:5")
+    b.sync(2, t, t + 2 * MS, "recv", peer=1, dir="recv", shape=(4, 16), dtype="float64", out_bytes=512,
+           site="a.py:12")
+    b.heartbeats(b.t0, t + 3 * MS)
+    first = list(b.events)
+    b.sync(0, t + 4 * MS, t + 5 * MS, "send", peer=2, dir="send", shape=(4,), site="c.py:5")
+    anyone = b.begin(2, t + 4 * MS, "recv", peer=None, dir="recv", shape=(4,), site="a.py:20")
+    b.end(2, anyone, t + 5 * MS)
+    b.heartbeats(t + 3 * MS, t + 6 * MS)
+    m = TraceModel()
+    m.ingest(sorted(first, key=lambda e: e["ts"]))
+    assert errors(diagnose(m, now=t + 3 * MS)) == [("unmatched_p2p", [1, 2])]
+    m.ingest(sorted(b.events[len(first):], key=lambda e: e["ts"]))
+    assert errors(diagnose(m, now=t + 6 * MS)) == []
+    assert errors(diagnose(TraceModel.from_events(b.sorted_events()), now=t + 6 * MS)) == []
+
+
 def test_an_op_failed_message_quotes_each_distinct_exception_once_numbers_aside():
     """Each distinct exception once with its ranks (the first rank's was quoted for all,
     helper-203); the same words with another peer's address or another timeout's
@@ -2337,3 +2362,6 @@ def test_an_op_failed_message_quotes_each_distinct_exception_once_numbers_aside(
     assert _each_said({0: barrier.format(r=1), 2: barrier.format(r=3)}).count("monitoredBarrier") == 2
     timed = "RuntimeError: [../unbound_buffer.cc:78] Timed out waiting {n}ms for recv operation to complete"
     assert _each_said({0: timed.format(n=1000), 2: timed.format(n=998)}).startswith("ranks 0, 2 (")
+    watchdog = ("DistBackendError: [Rank {r}] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=808, "
+                "OpType=ALLREDUCE) ran for {n} milliseconds before timing out.")  # (NCCL's: one a rank, helper-210)
+    assert _each_said({r: watchdog.format(r=r, n=600020 + r) for r in range(8)}).startswith("ranks 0, 1, 2, 3, 4,")

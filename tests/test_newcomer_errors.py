@@ -310,3 +310,15 @@ def test_an_option_given_a_lone_double_dash_is_a_usage_error(argv, capsys):
     assert done.value.code == 2
     option = argv[2].split("=")[0] if argv[0] != "run" else "--retain"
     assert f"argument {option}: expected a value, not '--'" in capsys.readouterr().err
+
+
+def test_a_negative_value_after_its_option_is_read_as_its_value(tmp_path, capsys):
+    """``--since -5m`` read "-5m" as an option: "expected one argument"; ``--since=-5m``
+    said what is wrong with it (helper-204).  Both say it alike; a command after ``--`` is
+    left as it is."""
+    from commscope.cli import _negative_values
+
+    for args in (["--since", "-5m"], ["--since=-5m"]):
+        assert cli(["check", str(tmp_path), *args]) == 2
+        assert "cannot read --since '-5m'" in capsys.readouterr().err
+    assert _negative_values(["run", "--", "train.py", "--lr", "-1"]) == ["run", "--", "train.py", "--lr", "-1"]

@@ -306,3 +306,15 @@ def test_a_copy_of_a_trace_whose_read_begins_where_nothing_says_what_ranks_were_
         redis_client(dst).flushdb()
     assert cli.main(["copy", str(job), dst, "--job", "c", "-q"]) == 0
     assert found(str(Path(dst) / "c") if to == "directory" else f"{dst}?job=c") == source
+
+
+def test_a_stream_whose_end_a_whole_read_could_not_read_is_a_loss_its_copy_says():
+    """A stream the source's whole read left unread at its end (retention outran it) wrote
+    no marker in its copy, which read healthy (helper-210)."""
+    from commscope.commands.copy import _lost
+    from commscope.store import ReadStats
+
+    class Source:
+        stats = ReadStats(unread_by_rank={3: 1})
+
+    assert _lost(Source(), 3) == 1 and _lost(Source(), 2) == 0

@@ -501,7 +501,9 @@ SAID_EXCEPTIONS = 3
 #: what varies between ranks' words for one failure: a peer's address and port, a duration, an
 #: address in memory (not every number: "from rank 1" and "from rank 3" blame others, and
 #: "64 vs 32" against "4096 vs 256" are other sizes, helper-209)
-_VARYING = re.compile(r"\[[^\]]*\]:\d+|\b\d+(?:\.\d+)?\s?(?:ms|us|µs|ns|s)\b|0x[0-9a-fA-F]+")
+_VARYING = re.compile(r"\[[^\]]*\]:\d+|\b\d+(?:\.\d+)?\s?(?:ms|us|µs|ns|s|(?:milli|micro|nano)?seconds?)\b"
+                      r"|0x[0-9a-fA-F]+|\[(?:PG [^\]]*?)?Rank \d+\]")  # (NCCL's watchdog: "[Rank 3] ... ran for
+# 600020 milliseconds", one line per rank, helper-210)
 
 
 def _each_said(excs: dict[int, str]) -> str:

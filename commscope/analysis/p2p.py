@@ -409,7 +409,10 @@ def _differing(model: TraceModel, key: tuple, ch: SeqIndex, checked: dict[tuple,
             if differ.any():
                 seen = set(pairs)  # (thousands of differing pairs: a list's membership was quadratic, helper-207)
                 pairs = pairs + [(i, j) for i, j in both[differ].tolist() if (i, j) not in seen]
-        was = checked[key] = Checked(ch, done, int(ch.keys[done - 1]) if done else -1, pairs)
+        # (a judgement kept where the rows were looked at on: ``made_of`` says whether it stands;
+        # a channel with a recv posted before its send rescanned it each time, helper-210)
+        was = checked[key] = Checked(ch, done, int(ch.keys[done - 1]) if done else -1, pairs,
+                                     was.judged if start and was is not None else None)
     if not pairs:
         return [], []
     # (judged again only where what it is made of changed: a long job whose every message is
@@ -417,7 +420,8 @@ def _differing(model: TraceModel, key: tuple, ch: SeqIndex, checked: dict[tuple,
     rt_dst = model.ranks[dst]
     ops = np.fromiter((j for _, j in pairs), np.int64, len(pairs))
     made_of = (ch.n, int((ch.mat[: ch.n] >= 0).sum()), len(pairs), int((rt_dst.comp[ops] != 0).sum()),
-               len(rt_dst.exits), len(rt_dst.exc))
+               len(rt_dst.exits), len(rt_dst.exc), rankstate.crash(model, dst) is not None,
+               _any_source(model, dst, key[1]))  # (an any-source recv is in no channel: helper-210)
     if was.judged is not None and was.judged[0] == made_of:
         return was.judged[1]
     out = _judged(model, key, ch, pairs)
@@ -498,14 +502,23 @@ def _left_over(these: np.ndarray, those: np.ndarray) -> np.ndarray:
     return sizes[n > cancel]
 
 
+#: model -> rank -> (its ops looked at, the groups it posted an any-source recv in)
+_ANY_SOURCE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def _any_source(model: TraceModel, rank: int, group: str) -> bool:
-    """Whether ``rank`` posted an any-source recv in ``group`` (its peer not recorded)."""
+    """Whether ``rank`` posted an any-source recv in ``group`` (its peer not recorded); its
+    new ops looked at only (asked every diagnosis of a channel with pairs that differ)."""
     rt = model.ranks[rank]
-    n = rt.n
-    if not n:
-        return False
-    codes = np.unique(rt.sig[:n][rt.peer[:n] < 0]).tolist()
-    return any((s := model.sigs[c]).group == group and s.flags & P2P and not s.flags & SEND for c in codes)
+    seen = _ANY_SOURCE.setdefault(model, {})
+    start, groups = seen.get(rank, (0, frozenset()))
+    if rt.n < start:  # (its ops made again: a model that read a window afresh)
+        start, groups = 0, frozenset()
+    if rt.n > start:
+        codes = np.unique(rt.sig[start: rt.n][rt.peer[start: rt.n] < 0]).tolist()
+        groups = groups | {s.group for c in codes if (s := model.sigs[c]).flags & P2P and not s.flags & SEND}
+        seen[rank] = (rt.n, groups)
+    return group in groups
 
 
 def _bytes(model: TraceModel, rank: int, ops: np.ndarray, send: bool) -> np.ndarray:

@@ -91,10 +91,11 @@ def _losses(src: TraceReader) -> tuple[dict[int, int], ...]:
     the store, damaged, invalid; and, a line each, losses of a count not known: what a rank
     was in where its read began (``uncarried``: its copy starts the stream afresh, and read
     healthy, exit 0, helper-179), a Redis stream failed over or emptied since its writer
-    last wrote."""
+    last wrote, one whose end a whole read could not read (``unread``: the copy read
+    healthy, helper-210)."""
     stats = src.stats
     return (stats.missing_by_rank, stats.corrupt_by_rank, stats.invalid_by_rank, stats.uncarried_by_rank,
-            stats.unsettled_by_rank, stats.emptied_by_rank)
+            stats.unsettled_by_rank, stats.emptied_by_rank, stats.unread_by_rank)
 
 
 def _lost(src: TraceReader, rank: int) -> int:
