@@ -1734,9 +1734,16 @@ def test_a_wait_cycle_of_groups_names_both_ranks_at_every_moment_as_their_timeou
     assert sum(c["kind"] == "rank_crashed" for c in f[0].evidence["consequences"]) == 3
 
 
-def _rank_2_times_out(b: TraceBuilder, stuck: dict[int, int], t: int) -> None:
-    """Rank 2's op of ``stuck`` times out ten seconds after ``t`` and it crashes; the other
-    ranks' fail on its closed connection, and they crash."""
+def _rank_2_in_s1_the_others_in_the_world(b: TraceBuilder, t: int, ended: bool) -> None:
+    """Rank 2 in group s1's all_reduce at ``t``, ranks 0, 1 and 3 in the world's; ``ended``:
+    Gloo's timeouts end it (rank 2's first, and it crashes; the others fail on its closed
+    connection, and they crash)."""
+    stuck = {2: b.begin(2, t, "all_reduce", group="s1")}
+    for r in (0, 1, 3):
+        stuck[r] = b.begin(r, t + MS, "all_reduce")
+    b.heartbeats(b.t0, t + 12 * S)
+    if not ended:
+        return
     b.end(2, stuck[2], t + 10 * S, exc=TIMED_OUT)
     b.exit(2, t + 10 * S + 5 * MS, reason="exception", exc=TIMED_OUT)
     for r in (0, 1, 3):
@@ -1760,12 +1767,7 @@ def test_a_rank_that_skipped_a_step_its_sibling_subgroups_took_is_named_not_its_
         t = b.collective(t, "all_reduce", "s0") + MS
         if step < 2:
             t = b.collective(t, "all_reduce", "s1") + MS
-    stuck = {2: b.begin(2, t, "all_reduce", group="s1")}
-    for r in (0, 1, 3):
-        stuck[r] = b.begin(r, t + MS, "all_reduce")
-    b.heartbeats(b.t0, t + 12 * S)
-    if ended:  # (Gloo's: rank 2's times out first, and it crashes; the others fail on its closed connection)
-        _rank_2_times_out(b, stuck, t)
+    _rank_2_in_s1_the_others_in_the_world(b, t, ended)
     _, f = replay(b, {3}, hang_after=3.0)
     assert errors(f) == [("op_failed" if ended else "missing_ranks", [3])], [x.to_json()["message"] for x in f]
     assert f[0].group == "s1" and not set(f[0].victims) & {3}
@@ -1789,12 +1791,7 @@ def test_groups_of_one_size_that_do_not_run_in_step_are_no_siblings(ended):
             t = b.collective(t, "all_reduce", "s1") + MS
         if step < 3:
             t = b.collective(t, "all_reduce") + MS
-    stuck = {2: b.begin(2, t, "all_reduce", group="s1")}
-    for r in (0, 1, 3):
-        stuck[r] = b.begin(r, t + MS, "all_reduce")
-    b.heartbeats(b.t0, t + 12 * S)
-    if ended:  # (Gloo's: rank 2's times out first, and it crashes; the others fail on its closed connection)
-        _rank_2_times_out(b, stuck, t)
+    _rank_2_in_s1_the_others_in_the_world(b, t, ended)
     _, f = replay(b, {2}, hang_after=3.0)
     assert [c for k, c in errors(f)] == [[2]], [x.to_json()["message"] for x in f]
 
